@@ -1,0 +1,13 @@
+"""Emulation: any gymnasium or PettingZoo space as packed uint8 rows described by a Layout."""
+from packrl.emulation.codecs import (
+    BoundedString,
+    Field,
+    LeafCodec,
+    TextView,
+    bounded_string,
+    register_space,
+)
+from packrl.emulation.layout import BoundRows, Layout, Leaf
+
+__all__ = ["BoundRows", "BoundedString", "Field", "Layout", "Leaf", "LeafCodec", "TextView",
+           "bounded_string", "register_space"]

@@ -1,0 +1,442 @@
+"""Leaf codecs: how each kind of leaf space is stored in a packed row, checked, and read back.
+
+One codec class per leaf space kind, each with its check beside its read-back (as gymnasium's
+``spaces/utils.py`` keeps flatten beside unflatten). ``register_space`` teaches the Layout a new
+leaf space: map a space type (or its dotted name, so the module need not be imported) to a
+function that returns a codec.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.values import (
+    exact_array,
+    format_path,
+    refuse_outside,
+)
+from packrl.errors import EmulationError
+
+
+@dataclass(frozen=True)
+class Field:
+    """One typed array a leaf occupies in the row (a string leaf has two: chars and length)."""
+
+    name: str | None
+    dtype: np.dtype
+    shape: tuple
+
+
+class TextView(NamedTuple):
+    """A string leaf as views: character indices (padded with zeros) and the length."""
+
+    chars: Any
+    length: Any
+
+
+class LeafCodec:
+    """Base class. Subclasses set ``kind`` and implement fields, check, view and to_native."""
+
+    kind: ClassVar[str] = ""
+    kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            LeafCodec.kinds[cls.kind] = cls
+
+    space: spaces.Space
+    fields: tuple[Field, ...]
+
+    def spec(self) -> dict:
+        """JSON-able parameters that rebuild this codec (``kind`` included)."""
+        raise NotImplementedError(f"{type(self).__name__} must define spec()")
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "LeafCodec":
+        raise NotImplementedError(f"{cls.__name__} must define from_spec()")
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        """Validate ``value`` (shape ``batch + leaf shape``) and return one exact array per field."""
+        raise NotImplementedError(f"{type(self).__name__} must define check()")
+
+    def view(self, arrays: tuple) -> Any:
+        """The unpacked form of this leaf from its field views."""
+        return arrays[0]
+
+    def to_native(self, unpacked: Any) -> Any:
+        """The value the original space would produce (a copy), from the unpacked form."""
+        return np.array(unpacked)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LeafCodec) and self.spec() == other.spec()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.spec(), sort_keys=True))
+
+
+# ---------------------------------------------------------------- registry
+
+SpaceBuilder = Callable[[spaces.Space], LeafCodec]
+_BUILDERS: dict[Any, SpaceBuilder] = {}
+
+
+def register_space(space_type: type | str, builder: SpaceBuilder) -> None:
+    """Teach Layouts a leaf space. ``space_type`` is a class or its dotted name
+    (``"minigrid.core.mission.MissionSpace"``); ``builder(space)`` returns a LeafCodec."""
+    _BUILDERS[space_type] = builder
+
+
+def codec_for(space: spaces.Space, path: tuple) -> LeafCodec:
+    """The codec of a leaf space, found through its class's MRO; EmulationError if none."""
+    for cls in type(space).__mro__:
+        builder = _BUILDERS.get(cls) or _BUILDERS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if builder is not None:
+            return builder(space)
+    raise EmulationError(f"leaf {format_path(path)}: {_why_unsupported(space)}")
+
+
+def _why_unsupported(space: spaces.Space) -> str:
+    how = ("register a builder with packrl.emulation.register_space(YourSpace, builder) "
+           "returning a LeafCodec, or wrap the env so this leaf has a fixed size")
+    if isinstance(space, spaces.Sequence):
+        return f"{space} has no fixed length, so it cannot be packed into a fixed row; bound it (e.g. a Box plus a length leaf) or {how}"
+    if isinstance(space, spaces.Graph):
+        return f"{space} has a variable number of nodes and edges; bound it into Box leaves or {how}"
+    if isinstance(space, spaces.OneOf):
+        return f"{space} is a union whose sample shape varies; split it into a Dict with a Discrete tag or {how}"
+    return f"no packrl codec for space {type(space).__module__}.{type(space).__qualname__} ({space}); {how}"
+
+
+# ---------------------------------------------------------------- spec helpers
+
+def _encode_number(x: Any) -> Any:
+    if isinstance(x, (np.integer, int)) and not isinstance(x, bool):
+        return int(x)
+    x = float(x)
+    if np.isnan(x):
+        return "nan"
+    if np.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def encode_array(arr: np.ndarray) -> Any:
+    """Compact JSON form of a bound array: a scalar when all entries are equal."""
+    arr = np.asarray(arr)
+    flat = arr.reshape(-1)
+    if flat.size and (np.all(flat == flat[0]) or np.all(np.isnan(flat.astype(float)))):
+        return {"fill": _encode_number(flat[0])}
+    return {"values": [_encode_number(x) for x in flat]}
+
+
+def decode_array(obj: dict, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    def num(x: Any) -> Any:
+        return float(x) if isinstance(x, str) else x
+    if "fill" in obj:
+        return np.full(shape, num(obj["fill"]), dtype=dtype)
+    return np.array([num(x) for x in obj["values"]], dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------- Box
+
+class BoxCodec(LeafCodec):
+    """Box of any numeric dtype, stored as itself. Integer and bool Boxes are checked against their
+    bounds; float Boxes are not (NaN and inf round-trip: observations often overshoot float bounds)."""
+
+    kind = "box"
+
+    def __init__(self, space: spaces.Box, round_floats: bool = False):
+        self.space = space
+        self.round_floats = bool(round_floats)
+        self.dtype = np.dtype(space.dtype)
+        self.shape = tuple(space.shape)
+        self.fields = (Field(None, self.dtype, self.shape),)
+        self.bounded = False
+        if self.dtype.kind in "iu":
+            info = np.iinfo(self.dtype)
+            self.low = np.asarray(space.low)
+            self.high = np.asarray(space.high)
+            self.bounded = bool(np.any(self.low > info.min) or np.any(self.high < info.max))
+
+    def spec(self) -> dict:
+        spec = {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
+                "low": encode_array(self.space.low), "high": encode_array(self.space.high)}
+        if self.round_floats:
+            spec["round_floats"] = True
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "BoxCodec":
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        low, high = decode_array(spec["low"], dtype, shape), decode_array(spec["high"], dtype, shape)
+        return cls(spaces.Box(low=low, high=high, shape=shape, dtype=dtype), spec.get("round_floats", False))
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
+        if self.bounded and arr.size:
+            bad = (arr < self.low) | (arr > self.high)
+            refuse_outside(bad, arr, path, f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]")
+        return (arr,)
+
+
+# ---------------------------------------------------------------- Discrete
+
+class DiscreteCodec(LeafCodec):
+    """Discrete(n, start): the value itself (start included), as int64, shape ()."""
+
+    kind = "discrete"
+
+    def __init__(self, space: spaces.Discrete):
+        self.space = space
+        self.n, self.start = int(space.n), int(space.start)
+        self.dtype = np.dtype(space.dtype)
+        self.fields = (Field(None, self.dtype, ()),)
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "n": self.n, "start": self.start, "dtype": self.dtype.str}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "DiscreteCodec":
+        return cls(spaces.Discrete(spec["n"], start=spec["start"], dtype=np.dtype(spec["dtype"])))
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        if not batch and type(value) in (int, np.int64) and not isinstance(value, bool):
+            if not self.start <= value < self.start + self.n:
+                raise EmulationError(
+                    f"leaf {format_path(path)}: value {value!r} is outside Discrete(n={self.n}, start={self.start}) "
+                    f"[{self.start}, {self.start + self.n - 1}]")
+            return (np.asarray(value, dtype=self.dtype),)
+        arr = exact_array(value, self.dtype, batch, path)
+        bad = (arr < self.start) | (arr.astype(object) >= self.start + self.n) if arr.size else arr.astype(bool)
+        refuse_outside(bad, arr, path, f"is outside Discrete(n={self.n}, start={self.start})")
+        return (arr,)
+
+    def to_native(self, unpacked: Any) -> Any:
+        arr = np.array(unpacked)
+        return arr[()] if arr.ndim == 0 else arr
+
+
+# ---------------------------------------------------------------- MultiDiscrete
+
+class MultiDiscreteCodec(LeafCodec):
+    """MultiDiscrete(nvec, start) of any nvec shape, stored in its own dtype with start included."""
+
+    kind = "multidiscrete"
+
+    def __init__(self, space: spaces.MultiDiscrete):
+        self.space = space
+        self.dtype = np.dtype(space.dtype)
+        self.nvec, self.start = np.asarray(space.nvec), np.asarray(space.start)
+        self.shape = tuple(self.nvec.shape)
+        self.fields = (Field(None, self.dtype, self.shape),)
+        self._low = self.start.astype(object)
+        self._high = (self.start.astype(object) + self.nvec.astype(object))
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
+                "nvec": encode_array(self.nvec), "start": encode_array(self.start)}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "MultiDiscreteCodec":
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        nvec, start = decode_array(spec["nvec"], dtype, shape), decode_array(spec["start"], dtype, shape)
+        return cls(spaces.MultiDiscrete(nvec, dtype=dtype, start=start))
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        arr = exact_array(value, self.dtype, batch + self.shape, path)
+        if arr.size:
+            bad = (arr < self.start) | (arr - self.start >= self.nvec)
+            if self.dtype.kind == "i" and (np.any(self.nvec > 2**40) or np.any(np.abs(self.start) > 2**40)):
+                objs = arr.astype(object)
+                bad = (objs < self._low) | (objs >= self._high)
+            refuse_outside(bad, arr, path, f"is outside MultiDiscrete(nvec={self.nvec.tolist()}, start={self.start.tolist()})")
+        return (arr,)
+
+
+# ---------------------------------------------------------------- MultiBinary
+
+class MultiBinaryCodec(LeafCodec):
+    """MultiBinary of any shape, stored as int8 zeros and ones."""
+
+    kind = "multibinary"
+
+    def __init__(self, space: spaces.MultiBinary):
+        self.space = space
+        self.dtype = np.dtype(space.dtype)
+        self.shape = tuple(space.shape)
+        self.fields = (Field(None, self.dtype, self.shape),)
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "shape": list(self.shape)}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "MultiBinaryCodec":
+        return cls(spaces.MultiBinary(spec["shape"]))
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        arr = exact_array(value, self.dtype, batch + self.shape, path)
+        refuse_outside((arr != 0) & (arr != 1), arr, path, "is not 0 or 1 (MultiBinary)")
+        return (arr,)
+
+
+# ---------------------------------------------------------------- strings
+
+def _index_dtype(count: int) -> np.dtype:
+    return np.dtype(np.uint8 if count <= 256 else np.uint16 if count <= 65536 else np.uint32)
+
+
+class _StringCodec(LeafCodec):
+    """Shared storage of string leaves: ``chars`` (max_length,) padded with zeros, ``length`` int32."""
+
+    max_length: int
+    min_length: int = 0
+    char_dtype: np.dtype
+
+    def _fields(self) -> tuple[Field, ...]:
+        return (Field("chars", self.char_dtype, (self.max_length,)), Field("length", np.dtype(np.int32), ()))
+
+    def encode_string(self, text: Any, path: tuple) -> list[int]:
+        raise NotImplementedError(f"{type(self).__name__} must define encode_string()")
+
+    def decode_string(self, codes: np.ndarray) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must define decode_string()")
+
+    def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        values = np.empty(batch, dtype=object)
+        if batch:
+            try:
+                values[...] = value if not isinstance(value, np.ndarray) else value.astype(object)
+            except ValueError:
+                raise EmulationError(f"leaf {format_path(path)}: expected {batch} strings, got {value!r}") from None
+        else:
+            values[()] = value
+        chars = np.zeros(batch + (self.max_length,), dtype=self.char_dtype)
+        lengths = np.zeros(batch, dtype=np.int32)
+        for idx in np.ndindex(*batch):
+            codes = self.encode_string(values[idx], path)
+            if not self.min_length <= len(codes) <= self.max_length:
+                raise EmulationError(
+                    f"leaf {format_path(path)}: string {values[idx]!r} has length {len(codes)}, outside "
+                    f"[{self.min_length}, {self.max_length}]; packrl never cuts strings (raise the bound)")
+            chars[idx][: len(codes)] = codes
+            lengths[idx] = len(codes)
+        return (chars, lengths)
+
+    def view(self, arrays: tuple) -> TextView:
+        return TextView(*arrays)
+
+    def to_native(self, unpacked: TextView) -> Any:
+        chars, lengths = np.asarray(unpacked.chars), np.asarray(unpacked.length)
+        if lengths.ndim == 0:
+            return self.decode_string(chars[: int(lengths)])
+        out = np.empty(lengths.shape, dtype=object)
+        for idx in np.ndindex(*lengths.shape):
+            out[idx] = self.decode_string(chars[idx][: int(lengths[idx])])
+        return out
+
+
+class TextCodec(_StringCodec):
+    """gymnasium Text: indices into the space's charset plus the length."""
+
+    kind = "text"
+
+    def __init__(self, space: spaces.Text):
+        self.space = space
+        self.max_length, self.min_length = int(space.max_length), int(space.min_length)
+        self.charset = "".join(space.character_list)
+        self.index = {c: i for i, c in enumerate(self.charset)}
+        self.char_dtype = _index_dtype(len(self.charset))
+        self.fields = self._fields()
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "max_length": self.max_length, "min_length": self.min_length, "charset": self.charset}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "TextCodec":
+        return cls(spaces.Text(spec["max_length"], min_length=spec["min_length"], charset=spec["charset"]))
+
+    def encode_string(self, text: Any, path: tuple) -> list[int]:
+        if not isinstance(text, str):
+            raise EmulationError(f"leaf {format_path(path)}: expected a str, got {type(text).__name__} {text!r}")
+        try:
+            return [self.index[c] for c in text]
+        except KeyError as err:
+            raise EmulationError(f"leaf {format_path(path)}: character {err.args[0]!r} of {text!r} is not in the Text charset") from None
+
+    def decode_string(self, codes: np.ndarray) -> str:
+        return "".join(self.charset[int(i)] for i in codes)
+
+
+class BoundedString(spaces.Space):
+    """A string leaf of at most ``max_length`` UTF-8 bytes (packrl's stand-in for MiniGrid's MissionSpace)."""
+
+    def __init__(self, max_length: int = 256):
+        super().__init__(shape=None, dtype=None)
+        self.max_length = int(max_length)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x.encode("utf-8")) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        n = int(self.np_random.integers(0, self.max_length + 1))
+        return "".join(chr(c) for c in self.np_random.integers(32, 127, size=n))
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"BoundedString({self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BoundedString) and other.max_length == self.max_length
+
+
+class BoundedStringCodec(_StringCodec):
+    """Any string space stored as UTF-8 bytes, at most ``max_length`` of them; longer strings are refused."""
+
+    kind = "bounded_string"
+    char_dtype = np.dtype(np.uint8)
+
+    def __init__(self, space: spaces.Space, max_length: int):
+        self.space = space
+        self.max_length = int(max_length)
+        self.fields = self._fields()
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "max_length": self.max_length}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "BoundedStringCodec":
+        return cls(BoundedString(spec["max_length"]), spec["max_length"])
+
+    def encode_string(self, text: Any, path: tuple) -> bytes:
+        if not isinstance(text, str):
+            raise EmulationError(f"leaf {format_path(path)}: expected a str, got {type(text).__name__} {text!r}")
+        return text.encode("utf-8")
+
+    def decode_string(self, codes: np.ndarray) -> str:
+        return bytes(np.asarray(codes, dtype=np.uint8)).decode("utf-8")
+
+
+MISSION_MAX_BYTES = 256
+"""Default bound of MiniGrid/BabyAI mission strings, in UTF-8 bytes (the longest BabyAI missions are ~200)."""
+
+
+def bounded_string(max_length: int = MISSION_MAX_BYTES) -> SpaceBuilder:
+    """A builder for ``register_space`` that stores a string space in at most ``max_length`` bytes."""
+    return lambda space: BoundedStringCodec(space, getattr(space, "max_length", max_length) if isinstance(space, BoundedString) else max_length)
+
+
+register_space(spaces.Box, BoxCodec)
+register_space(spaces.Discrete, DiscreteCodec)
+register_space(spaces.MultiDiscrete, MultiDiscreteCodec)
+register_space(spaces.MultiBinary, MultiBinaryCodec)
+register_space(spaces.Text, TextCodec)
+register_space(BoundedString, bounded_string())
+register_space("minigrid.core.mission.MissionSpace", bounded_string(MISSION_MAX_BYTES))

@@ -1,0 +1,395 @@
+"""Layout: where every leaf of a space lives in one packed uint8 row.
+
+Like a JAX treedef, the Layout is the structure kept apart from the data: an immutable,
+comparable, JSON-serializable value. ``pack`` writes a sample's leaves into a row (checking
+every leaf, casting nothing), ``unpack`` gives the space's own nested structure of zero-copy
+views with each leaf's exact dtype.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.codecs import LeafCodec, codec_for
+from packrl.emulation.values import format_path
+from packrl.errors import EmulationError
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One typed array in the row. ``field`` is None except for the parts of string leaves."""
+
+    path: tuple
+    dtype: np.dtype
+    shape: tuple
+    offset: int
+    space: spaces.Space
+    kind: str
+    field: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def name(self) -> str:
+        return format_path(self.path) + (f".{self.field}" if self.field else "")
+
+
+# ---------------------------------------------------------------- tree nodes
+
+@dataclass(frozen=True)
+class LeafNode:
+    codec: LeafCodec
+    leaf_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DictNode:
+    keys: tuple
+    children: tuple
+
+
+@dataclass(frozen=True)
+class TupleNode:
+    children: tuple
+
+
+Node = LeafNode | DictNode | TupleNode
+
+
+def _build_tree(space: spaces.Space, path: tuple, codecs: list) -> Node:
+    if isinstance(space, spaces.Dict):
+        keys = tuple(space.spaces.keys())
+        return DictNode(keys, tuple(_build_tree(space.spaces[k], path + (k,), codecs) for k in keys))
+    if isinstance(space, spaces.Tuple):
+        return TupleNode(tuple(_build_tree(s, path + (i,), codecs) for i, s in enumerate(space.spaces)))
+    codec = codec_for(space, path)
+    first = sum(len(c.fields) for _, c in codecs)
+    codecs.append((path, codec))
+    return LeafNode(codec, tuple(range(first, first + len(codec.fields))))
+
+
+def _place_leaves(codecs: list) -> tuple[tuple[Leaf, ...], int]:
+    """Offsets aligned to each dtype: widest dtypes first, so no padding is needed between leaves."""
+    parts = [(path, codec, f) for path, codec in codecs for f in codec.fields]
+    order = sorted(range(len(parts)), key=lambda i: -parts[i][2].dtype.alignment)
+    offsets, cursor = [0] * len(parts), 0
+    for i in order:
+        align = parts[i][2].dtype.alignment
+        cursor = -(-cursor // align) * align
+        offsets[i] = cursor
+        cursor += int(np.prod(parts[i][2].shape, dtype=np.int64)) * parts[i][2].dtype.itemsize
+    widest = max((f.dtype.alignment for _, _, f in parts), default=1)
+    nbytes = -(-cursor // widest) * widest
+    leaves = tuple(
+        Leaf(path, np.dtype(f.dtype), tuple(f.shape), offsets[i], codec.space, codec.kind, f.name)
+        for i, (path, codec, f) in enumerate(parts)
+    )
+    return leaves, nbytes
+
+
+class Layout:
+    """Where each leaf of ``space`` sits in a packed uint8 row of ``nbytes`` bytes."""
+
+    def __init__(self, space: spaces.Space, root: Node, leaves: tuple[Leaf, ...], nbytes: int):
+        self.space = space
+        self.root = root
+        self.leaves = leaves
+        self.nbytes = nbytes
+        self.alignment = max((leaf.dtype.alignment for leaf in leaves), default=1)
+        # plain (start, end, dtype name, shape) per leaf: constants that compiled code can read
+        self.spans = tuple((leaf.offset, leaf.offset + leaf.nbytes, leaf.dtype.name, leaf.shape) for leaf in leaves)
+        self._key = json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_space(cls, space: spaces.Space, round_floats: bool = False) -> "Layout":
+        """Build the layout of any gymnasium space (Dict and Tuple to any depth).
+
+        ``round_floats=True`` lets float64 values be rounded into float32 leaves (off by default:
+        a value that does not survive the conversion exactly is refused)."""
+        codecs: list = []
+        root = _build_tree(space, (), codecs)
+        if round_floats:
+            for _, codec in codecs:
+                if hasattr(codec, "round_floats"):
+                    codec.round_floats = True
+        leaves, nbytes = _place_leaves(codecs)
+        return cls(space, root, leaves, nbytes)
+
+    # ------------------------------------------------------------ pack
+
+    def pack(self, sample: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Check ``sample`` against the space and write it into ``out`` (or a new ``(nbytes,)`` row)."""
+        if out is None:
+            out = np.zeros(self.nbytes, dtype=np.uint8)
+        else:
+            self._check_buffer(out, batch_ndim=0)
+            out[...] = 0  # padding bytes are zero so equal samples give equal rows
+        self._write(self.root, sample, self._views(out, ()), (), ())
+        return out
+
+    def pack_batch(self, samples: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Pack many samples into ``(N, nbytes)`` rows. ``samples`` is a list of samples, or one
+        batched structure (arrays with a leading N axis, as gymnasium's ``batch_space`` gives)."""
+        if isinstance(samples, list):
+            batched = self._stack(self.root, samples, ())
+            n = len(samples)
+        else:
+            batched, n = samples, self._batch_len(self.root, samples, ())
+        if out is None:
+            out = np.zeros((n, self.nbytes), dtype=np.uint8)
+        else:
+            self._check_buffer(out, batch_ndim=1)
+            if out.shape[0] != n:
+                raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
+            out[...] = 0
+        self._write(self.root, batched, self._views(out, (n,)), (), (n,))
+        return out
+
+    def bind(self, rows: np.ndarray) -> "BoundRows":
+        """Precompute the views of a persistent buffer, for packing into it at no per-call view cost."""
+        return BoundRows(self, rows)
+
+    def _write(self, node: Node, value: Any, views: list, path: tuple, batch: tuple) -> None:
+        if type(node) is LeafNode:
+            arrays = node.codec.check(value, path, batch)
+            for leaf_id, arr in zip(node.leaf_ids, arrays):
+                views[leaf_id][...] = arr
+        elif type(node) is DictNode:
+            self._check_keys(node, value, path)
+            for key, child in zip(node.keys, node.children):
+                self._write(child, value[key], views, path + (key,), batch)
+        else:
+            if not isinstance(value, (tuple, list)) or len(value) != len(node.children):
+                got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (tuple, list)) else repr(type(value).__name__)
+                raise EmulationError(f"at {format_path(path)}: expected a tuple of {len(node.children)} items, got {got}")
+            for i, child in enumerate(node.children):
+                self._write(child, value[i], views, path + (i,), batch)
+
+    @staticmethod
+    def _check_keys(node: DictNode, value: Any, path: tuple) -> None:
+        if not isinstance(value, dict):
+            raise EmulationError(f"at {format_path(path)}: expected a dict with keys {list(node.keys)}, got {type(value).__name__}")
+        if len(value) != len(node.keys) or any(k not in value for k in node.keys):
+            missing = [k for k in node.keys if k not in value]
+            extra = [k for k in value if k not in node.keys]
+            raise EmulationError(
+                f"at {format_path(path)}: "
+                + "; ".join(filter(None, [
+                    missing and "missing keys " + ", ".join(format_path(path + (k,)) for k in missing),
+                    extra and "unexpected keys " + ", ".join(format_path(path + (k,)) for k in extra),
+                ])))
+
+    def _stack(self, node: Node, samples: list, path: tuple) -> Any:
+        if type(node) is DictNode:
+            for i, s in enumerate(samples):
+                try:
+                    self._check_keys(node, s, path)
+                except EmulationError as err:
+                    raise EmulationError(f"sample {i}: {err}") from None
+            return {k: self._stack(c, [s[k] for s in samples], path + (k,)) for k, c in zip(node.keys, node.children)}
+        if type(node) is TupleNode:
+            for i, s in enumerate(samples):
+                if not isinstance(s, (tuple, list)) or len(s) != len(node.children):
+                    raise EmulationError(f"sample {i}: at {format_path(path)}: expected a tuple of {len(node.children)} items")
+            return tuple(self._stack(c, [s[j] for s in samples], path + (j,)) for j, c in enumerate(node.children))
+        if node.codec.kind in ("text", "bounded_string"):
+            arr = np.empty(len(samples), dtype=object)
+            arr[:] = samples
+            return arr
+        try:
+            return np.stack([np.asarray(s) for s in samples]) if samples else np.zeros((0,) + node.codec.fields[0].shape)
+        except ValueError:
+            shapes = [np.shape(s) for s in samples]
+            bad = next(i for i, s in enumerate(shapes) if s != shapes[0])
+            raise EmulationError(f"sample {bad}: leaf {format_path(path)} has shape {shapes[bad]}, sample 0 has {shapes[0]}") from None
+
+    def _batch_len(self, node: Node, value: Any, path: tuple) -> int:
+        if type(node) is DictNode:
+            self._check_keys(node, value, path)
+            return self._batch_len(node.children[0], value[node.keys[0]], path + (node.keys[0],)) if node.keys else 0
+        if type(node) is TupleNode:
+            return self._batch_len(node.children[0], value[0], path + (0,)) if node.children else 0
+        shape = np.shape(value)
+        if not shape:
+            raise EmulationError(f"leaf {format_path(path)}: a batched structure needs a leading batch axis")
+        return shape[0]
+
+    # ------------------------------------------------------------ unpack
+
+    def unpack(self, buf: np.ndarray) -> Any:
+        """Views of ``buf`` (``(nbytes,)`` or ``(..., nbytes)`` uint8) in the space's own structure."""
+        self._check_buffer(buf, batch_ndim=None)
+        return self.unflatten(self._views(buf, buf.shape[:-1]))
+
+    def unflatten(self, leaf_values: list) -> Any:
+        """Rebuild the space's structure from one value per leaf (in ``self.leaves`` order)."""
+        return _unflatten(self.root, leaf_values)
+
+    def to_native(self, unpacked: Any) -> Any:
+        """Copies of the values the space itself produces (strings for Text, numpy scalars for Discrete)."""
+        return _to_native(self.root, unpacked)
+
+    def _views(self, buf: Any, batch: tuple) -> list:
+        views = []
+        for leaf in self.leaves:
+            raw = buf[..., leaf.offset: leaf.offset + leaf.nbytes]
+            views.append(raw.view(leaf.dtype).reshape(batch + leaf.shape))
+        return views
+
+    def _check_buffer(self, buf: Any, batch_ndim: int | None) -> None:
+        if not isinstance(buf, np.ndarray):
+            raise EmulationError(f"expected a numpy uint8 array of rows, got {type(buf).__name__}")
+        if buf.dtype != np.uint8:
+            raise EmulationError(f"rows must be uint8, got {buf.dtype} (a float cast of packed rows destroys them)")
+        if buf.ndim < 1 or buf.shape[-1] != self.nbytes:
+            raise EmulationError(f"rows must have a last axis of {self.nbytes} bytes, got shape {buf.shape}")
+        if batch_ndim is not None and buf.ndim != batch_ndim + 1:
+            raise EmulationError(f"expected {batch_ndim + 1}-d rows, got shape {buf.shape}")
+        if buf.ndim and buf.strides[-1] != 1:
+            raise EmulationError(f"rows must be contiguous along the byte axis, got strides {buf.strides}")
+
+    # ------------------------------------------------------------ plain data
+
+    def to_dict(self) -> dict:
+        return {"format": "packrl.layout/1", "nbytes": self.nbytes, "tree": _tree_to_dict(self.root),
+                "leaves": [{"path": [_encode_key(k) for k in leaf.path], "field": leaf.field, "dtype": leaf.dtype.str,
+                            "shape": list(leaf.shape), "offset": leaf.offset} for leaf in self.leaves]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Layout":
+        codecs: list = []
+        root = _tree_from_dict(data["tree"], (), codecs)
+        space = _space_of(root)
+        leaves, nbytes = _place_leaves(codecs)
+        layout = cls(space, root, leaves, nbytes)
+        if layout.to_dict() != data:
+            raise EmulationError("layout JSON is inconsistent: its offsets do not match its tree")
+        return layout
+
+    @classmethod
+    def from_json(cls, text: str) -> "Layout":
+        return cls.from_dict(json.loads(text))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __iter__(self) -> Iterator[Leaf]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def __repr__(self) -> str:
+        rows = [("path", "kind", "dtype", "shape", "offset", "bytes")]
+        rows += [(leaf.name, leaf.kind, str(leaf.dtype), str(leaf.shape), str(leaf.offset), str(leaf.nbytes))
+                 for leaf in self.leaves]
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return f"Layout({self.nbytes} bytes, {len(self.leaves)} leaves)\n" + "\n".join("  " + line for line in lines)
+
+
+class BoundRows:
+    """A layout bound to a persistent buffer: its leaf views are made once."""
+
+    def __init__(self, layout: Layout, rows: np.ndarray):
+        layout._check_buffer(rows, batch_ndim=None)
+        self.layout, self.rows = layout, rows
+        self.batch = rows.shape[:-1]
+        self.views = layout._views(rows, self.batch)
+        self.tree = layout.unflatten(self.views)
+
+    def pack(self, sample: Any) -> None:
+        """Check and write one sample (or one batched structure, for a batch of rows)."""
+        self.layout._write(self.layout.root, sample, self.views, (), self.batch)
+
+
+# ---------------------------------------------------------------- tree helpers
+
+def _unflatten(node: Node, values: list) -> Any:
+    if type(node) is LeafNode:
+        return node.codec.view(tuple(values[i] for i in node.leaf_ids))
+    if type(node) is DictNode:
+        return {k: _unflatten(c, values) for k, c in zip(node.keys, node.children)}
+    return tuple(_unflatten(c, values) for c in node.children)
+
+
+def _to_native(node: Node, value: Any) -> Any:
+    if type(node) is LeafNode:
+        return node.codec.to_native(value)
+    if type(node) is DictNode:
+        return {k: _to_native(c, value[k]) for k, c in zip(node.keys, node.children)}
+    return tuple(_to_native(c, value[i]) for i, c in enumerate(node.children))
+
+
+def _space_of(node: Node) -> spaces.Space:
+    if type(node) is LeafNode:
+        return node.codec.space
+    if type(node) is DictNode:
+        return spaces.Dict({k: _space_of(c) for k, c in zip(node.keys, node.children)})
+    return spaces.Tuple(tuple(_space_of(c) for c in node.children))
+
+
+def iter_leaf_nodes(node: Node, path: tuple = ()) -> Iterator[tuple[tuple, LeafNode]]:
+    """Every (path, LeafNode) of a tree, depth first."""
+    if type(node) is LeafNode:
+        yield path, node
+    elif type(node) is DictNode:
+        for k, c in zip(node.keys, node.children):
+            yield from iter_leaf_nodes(c, path + (k,))
+    else:
+        for i, c in enumerate(node.children):
+            yield from iter_leaf_nodes(c, path + (i,))
+
+
+def _encode_key(key: Any) -> Any:
+    if isinstance(key, bool) or key is None:
+        return {"const": key}
+    if isinstance(key, (str, int)):
+        return {"str" if isinstance(key, str) else "int": key}
+    if isinstance(key, float):
+        return {"float": key}
+    if isinstance(key, tuple):
+        return {"tuple": [_encode_key(k) for k in key]}
+    raise EmulationError(f"Dict key {key!r} of type {type(key).__name__} cannot be written to JSON")
+
+
+def _decode_key(obj: dict) -> Any:
+    (tag, value), = obj.items()
+    return tuple(_decode_key(k) for k in value) if tag == "tuple" else value
+
+
+def _tree_to_dict(node: Node) -> dict:
+    if type(node) is LeafNode:
+        return {"leaf": node.codec.spec()}
+    if type(node) is DictNode:
+        return {"dict": [[_encode_key(k), _tree_to_dict(c)] for k, c in zip(node.keys, node.children)]}
+    return {"tuple": [_tree_to_dict(c) for c in node.children]}
+
+
+def _tree_from_dict(obj: dict, path: tuple, codecs: list) -> Node:
+    if "leaf" in obj:
+        spec = obj["leaf"]
+        cls = LeafCodec.kinds.get(spec["kind"])
+        if cls is None:
+            raise EmulationError(f"leaf {format_path(path)}: unknown codec kind {spec['kind']!r} (import the module that defines it)")
+        codec = cls.from_spec(spec)
+        first = sum(len(c.fields) for _, c in codecs)
+        codecs.append((path, codec))
+        return LeafNode(codec, tuple(range(first, first + len(codec.fields))))
+    if "dict" in obj:
+        keys = tuple(_decode_key(k) for k, _ in obj["dict"])
+        return DictNode(keys, tuple(_tree_from_dict(c, path + (k,), codecs) for k, (_, c) in zip(keys, obj["dict"])))
+    return TupleNode(tuple(_tree_from_dict(c, path + (i,), codecs) for i, c in enumerate(obj["tuple"])))

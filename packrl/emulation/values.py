@@ -1,0 +1,121 @@
+"""Exact value conversion: turn a sample's leaf into an array of the leaf's dtype, or refuse.
+
+Nothing is cast with loss. A value is accepted in another dtype only when every element
+survives the conversion unchanged (2.0 into int64 yes, 2.5 no; 255 into uint8 yes, 300 no;
+1e300 into float32 no). The one documented exception is float narrowing under
+``round_floats=True`` (float64 0.1 into float32), which layouts refuse by default.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from packrl.errors import EmulationError
+
+
+def format_path(path: tuple) -> str:
+    """``('agent', 0)`` -> ``"['agent'][0]"``; the root is ``"<root>"``."""
+    return "".join(f"[{k!r}]" for k in path) if path else "<root>"
+
+
+def as_numeric_array(value: Any, path: tuple) -> np.ndarray:
+    """``np.asarray`` that refuses strings, objects and complex numbers."""
+    if type(value) is np.ndarray:
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (OverflowError, ValueError, TypeError) as err:
+            raise EmulationError(f"leaf {format_path(path)}: cannot read {value!r} as a number array ({err})") from None
+    if arr.dtype.kind not in "biuf":
+        raise EmulationError(
+            f"leaf {format_path(path)}: got {_short(value)} of dtype {arr.dtype}, expected numbers"
+        )
+    return arr
+
+
+def exact_array(value: Any, dtype: np.dtype, shape: tuple, path: tuple, round_floats: bool = False) -> np.ndarray:
+    """Return ``value`` as an array of ``dtype`` and ``shape``, refusing any lossy conversion."""
+    arr = as_numeric_array(value, path)
+    if arr.shape != shape:
+        raise EmulationError(f"leaf {format_path(path)}: shape {arr.shape} does not match the space's {shape}")
+    if arr.dtype == dtype:
+        return arr
+    return convert_exactly(arr, dtype, path, round_floats)
+
+
+def convert_exactly(arr: np.ndarray, dtype: np.dtype, path: tuple, round_floats: bool = False) -> np.ndarray:
+    """Convert ``arr`` to ``dtype`` when no element changes; raise EmulationError naming the first that would."""
+    src, dst = arr.dtype, np.dtype(dtype)
+    if arr.size == 0:
+        return arr.astype(dst)
+    if dst.kind == "b":
+        bad = ~((arr == 0) | (arr == 1))
+        _refuse_if(bad, arr, dst, path, "is not 0 or 1")
+        return arr.astype(dst)
+    if dst.kind in "iu":
+        if src.kind == "f":
+            bad = ~np.isfinite(arr)
+            _refuse_if(bad, arr, dst, path, "is not finite")
+            _refuse_if(arr != np.trunc(arr), arr, dst, path, "is not an integer")
+        info = np.iinfo(dst)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = _outside_int_range(arr, info.min, info.max)
+            _refuse_if(bad, arr, dst, path, f"does not fit {dst} [{info.min}, {info.max}]")
+        return arr.astype(dst)
+    if dst.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = arr.astype(dst)
+        if src.kind in "biu":
+            _refuse_if(_int_to_float_changes(arr, cast), arr, dst, path, f"is not exactly representable in {dst}")
+            return cast
+        if src.itemsize <= dst.itemsize:
+            return cast  # float widening is exact, NaN payloads included
+        overflow = np.isinf(cast) & np.isfinite(arr)
+        _refuse_if(overflow, arr, dst, path, f"overflows {dst}")
+        if not round_floats:
+            with np.errstate(invalid="ignore"):
+                changed = (cast.astype(src) != arr) & ~np.isnan(arr)
+            _refuse_if(changed, arr, dst, path, f"would be rounded to {dst} (pass round_floats=True to allow)")
+        return cast
+    raise EmulationError(f"leaf {format_path(path)}: unsupported target dtype {dst}")
+
+
+def _outside_int_range(arr: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    if arr.dtype.kind == "f":
+        return (arr < float(lo)) | (arr > float(hi)) | (arr.astype(object) < lo) | (arr.astype(object) > hi)
+    objs = arr.astype(object)
+    return (objs < lo) | (objs > hi)
+
+
+def _int_to_float_changes(arr: np.ndarray, cast: np.ndarray) -> np.ndarray:
+    exact_limit = 2 ** (np.finfo(cast.dtype).nmant + 1)
+    objs = arr.astype(object)
+    big = (objs > exact_limit) | (objs < -exact_limit)
+    if not big.any():
+        return big.astype(bool)
+    changed = np.zeros(arr.shape, dtype=bool)
+    for idx in zip(*np.nonzero(big)):
+        c = cast[idx]
+        changed[idx] = (not np.isfinite(c)) or int(c) != int(arr[idx])
+    return changed
+
+
+def _refuse_if(bad: np.ndarray, arr: np.ndarray, dst: np.dtype, path: tuple, why: str) -> None:
+    refuse_outside(bad, arr, path, f"(dtype {arr.dtype}) {why}; the leaf's dtype is {dst} and packrl never casts with loss")
+
+
+def refuse_outside(bad: np.ndarray, arr: np.ndarray, path: tuple, why: str) -> None:
+    """Raise EmulationError naming the first element where ``bad`` is true."""
+    if np.any(bad):
+        idx = tuple(int(i) for i in np.argwhere(np.asarray(bad))[0]) if arr.ndim else ()
+        value = arr[idx] if idx else arr[()]
+        where = f" at index {idx}" if idx else ""
+        raise EmulationError(f"leaf {format_path(path)}: value {value!r}{where} {why}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
