@@ -7,7 +7,10 @@ from packrl.emulation.codecs import (
     bounded_string,
     register_space,
 )
+from packrl.emulation.actions import ActionLayout
+from packrl.emulation.emulate import emulate
+from packrl.emulation.emulated import Emulated, Group
 from packrl.emulation.layout import BoundRows, Layout, Leaf
 
-__all__ = ["BoundRows", "BoundedString", "Field", "Layout", "Leaf", "LeafCodec", "TextView",
+__all__ = ["ActionLayout", "Emulated", "Group", "emulate", "BoundRows", "BoundedString", "Field", "Layout", "Leaf", "LeafCodec", "TextView",
            "bounded_string", "register_space"]

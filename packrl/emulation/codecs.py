@@ -300,7 +300,7 @@ class _StringCodec(LeafCodec):
     def _fields(self) -> tuple[Field, ...]:
         return (Field("chars", self.char_dtype, (self.max_length,)), Field("length", np.dtype(np.int32), ()))
 
-    def encode_string(self, text: Any, path: tuple) -> list[int]:
+    def encode_string(self, text: Any, path: tuple) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define encode_string()")
 
     def decode_string(self, codes: np.ndarray) -> str:
@@ -415,10 +415,10 @@ class BoundedStringCodec(_StringCodec):
     def from_spec(cls, spec: dict) -> "BoundedStringCodec":
         return cls(BoundedString(spec["max_length"]), spec["max_length"])
 
-    def encode_string(self, text: Any, path: tuple) -> bytes:
+    def encode_string(self, text: Any, path: tuple) -> np.ndarray:
         if not isinstance(text, str):
             raise EmulationError(f"leaf {format_path(path)}: expected a str, got {type(text).__name__} {text!r}")
-        return text.encode("utf-8")
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
     def decode_string(self, codes: np.ndarray) -> str:
         return bytes(np.asarray(codes, dtype=np.uint8)).decode("utf-8")

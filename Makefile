@@ -1,0 +1,29 @@
+# Everything a fresh machine needs: `make demo` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build (a local file on the project's machines); any torch >= 2.4 works: make TORCH_SPEC='torch>=2.4'
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+demo: install
+	$(PY) examples/demo.py
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+bench: install
+	for f in benchmarks/*.py; do $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,114 @@
+"""What an emulated env exposes about its spaces: groups of agents that share layouts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.actions import ActionLayout
+from packrl.emulation.layout import Layout
+from packrl.errors import EmulationError
+
+
+@dataclass(frozen=True)
+class Group:
+    """Agents whose observation and action spaces are equal: one layout pair, many rows."""
+
+    index: int
+    agents: tuple
+    rows: tuple[int, ...]
+    observation: Layout
+    action: ActionLayout
+    action_mask: tuple | None = None  # path of the observation leaf that masks actions, if any
+
+
+@dataclass(frozen=True)
+class Emulated:
+    """Layouts of an emulated env. ``observation``/``action`` are the first group's."""
+
+    agents: tuple
+    groups: tuple[Group, ...]
+    row_group: tuple[int, ...] = field(default=())
+
+    @property
+    def observation(self) -> Layout:
+        return self.groups[0].observation
+
+    @property
+    def action(self) -> ActionLayout:
+        return self.groups[0].action
+
+    @property
+    def action_mask(self) -> tuple | None:
+        return self.groups[0].action_mask
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len(self.groups) > 1
+
+    @property
+    def nbytes(self) -> int:
+        """Row width: the widest observation layout."""
+        return max(g.observation.nbytes for g in self.groups)
+
+    def row_of(self, agent: Any) -> int:
+        if isinstance(agent, (int, np.integer)) and not isinstance(agent, bool) and agent not in self.agents:
+            if 0 <= agent < len(self.agents):
+                return int(agent)
+        try:
+            return self.agents.index(agent)
+        except ValueError:
+            raise EmulationError(f"agent {agent!r} is not one of the env's possible agents {list(self.agents)}") from None
+
+    def group_for(self, agent: Any) -> Group:
+        """The group of an agent, by name or row."""
+        return self.groups[self.row_group[self.row_of(agent)]]
+
+    def observation_for(self, agent: Any) -> Layout:
+        return self.group_for(agent).observation
+
+    def action_for(self, agent: Any) -> ActionLayout:
+        return self.group_for(agent).action
+
+
+def group_agents(agents: tuple, observation_spaces: dict, action_spaces: dict, round_floats: bool = False,
+                 action_mask_key: str | None = "action_mask") -> Emulated:
+    """Group agents with equal spaces (in order of first appearance) and build one layout pair per group."""
+    keys: list[tuple[Layout, ActionLayout]] = []
+    members: list[list[int]] = []
+    row_group = []
+    for row, agent in enumerate(agents):
+        try:
+            obs = Layout.from_space(observation_spaces[agent], round_floats=round_floats)
+            act = ActionLayout(action_spaces[agent])
+        except EmulationError as err:
+            raise EmulationError(f"agent {agent!r}: {err}") from None
+        for g, (o, a) in enumerate(keys):
+            if o == obs and a == act:
+                break
+        else:
+            g = len(keys)
+            keys.append((obs, act))
+            members.append([])
+        members[g].append(row)
+        row_group.append(g)
+    groups = tuple(
+        Group(g, tuple(agents[r] for r in rows), tuple(rows), obs, act, _mask_path(obs, act, action_mask_key))
+        for g, ((obs, act), rows) in enumerate(zip(keys, members))
+    )
+    return Emulated(tuple(agents), groups, tuple(row_group))
+
+
+def _mask_path(obs: Layout, act: ActionLayout, key: str | None) -> tuple | None:
+    """The observation leaf named ``key`` at the top of a Dict, if it can mask the action branches."""
+    if key is None or not isinstance(obs.space, spaces.Dict) or key not in obs.space.spaces:
+        return None
+    width = sum(int(n) for n in act.nvec)
+    leaf = next(leaf for leaf in obs.leaves if leaf.path == (key,))
+    if int(np.prod(leaf.shape)) != width:
+        raise EmulationError(
+            f"observation leaf {key!r} has {int(np.prod(leaf.shape))} entries but the action space has {width} "
+            "choices; pass action_mask_key=None if this leaf is not an action mask")
+    return (key,)

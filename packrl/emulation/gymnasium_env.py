@@ -1,0 +1,112 @@
+"""A single-agent gymnasium env seen as one packed row (num_agents = 1)."""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.emulated import Emulated, group_agents
+from packrl.errors import EmulationError
+
+AGENT = "agent_0"
+
+
+class GymnasiumEmulation:
+    """Wraps a gymnasium.Env: observations packed into ``observations[0]``, actions decoded from
+    the policy's flat form into the env's native structure.
+
+    Buffers (one row, num_agents = 1): ``observations``, ``rewards`` float32, ``terminals``,
+    ``truncations``, ``masks`` (always true), ``final_observations`` (the last observation of an
+    episode, written on the step it ends). No autoreset: after an end, call ``reset``
+    (vector backends do it in the same step). A plain Box observation passes through: rows
+    are the Box itself (its dtype and shape), written without a packing layer.
+    """
+
+    num_agents = 1
+    autoreset = False  # vector backends reset it on the step an episode ends
+
+    def __init__(self, env: gymnasium.Env, round_floats: bool = False):
+        self.env = env
+        self.possible_agents = (AGENT,)
+        self.agents = (AGENT,)
+        self.emulated: Emulated = group_agents(
+            self.possible_agents, {AGENT: env.observation_space}, {AGENT: env.action_space}, round_floats)
+        layout = self.emulated.observation
+        self.passthrough = isinstance(env.observation_space, spaces.Box)
+        if self.passthrough:
+            self.single_observation_space = env.observation_space
+            self.observations = np.zeros((1, *layout.leaves[0].shape), dtype=layout.leaves[0].dtype)
+        else:
+            self.single_observation_space = spaces.Box(0, 255, (layout.nbytes,), np.uint8)
+            self.observations = np.zeros((1, layout.nbytes), dtype=np.uint8)
+        self.single_action_space = self.emulated.action.policy_space
+        self.final_observations = np.zeros_like(self.observations)
+        self.rewards = np.zeros(1, dtype=np.float32)
+        self.terminals = np.zeros(1, dtype=bool)
+        self.truncations = np.zeros(1, dtype=bool)
+        self.masks = np.ones(1, dtype=bool)
+        self._codec = layout.root.codec if self.passthrough else None
+        self._packer = None if self.passthrough else layout.bind(self.observations[0])
+
+    def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
+                    terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
+        """Write into rows owned by someone else (a vector backend's shared memory)."""
+        self.observations, self.final_observations = observations, final_observations
+        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
+        self.masks[:] = True
+        if not self.passthrough:
+            self._packer = self.emulated.observation.bind(self.observations[0])
+
+    @property
+    def done(self) -> bool:
+        """True after the step that ended the episode (terminated or truncated)."""
+        return bool(self.terminals[0] or self.truncations[0])
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._write(obs)
+        self.rewards[0] = 0.0
+        self.terminals[0] = self.truncations[0] = False
+        return self.observations, info
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
+        obs, reward, terminated, truncated, info = self.env.step(native)
+        self._write(obs)
+        self.rewards[0] = reward
+        self.terminals[0], self.truncations[0] = terminated, truncated
+        if terminated or truncated:
+            self.final_observations[0] = self.observations[0]
+        return self.observations, self.rewards, self.terminals, self.truncations, info
+
+    def _write(self, obs: Any) -> None:
+        if self.passthrough:
+            self.observations[0] = self._codec.check(obs, ())[0]
+        else:
+            self._packer.pack(obs)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def unwrapped(self) -> gymnasium.Env:
+        return self.env.unwrapped
+
+
+def _single(actions: Any, kind: str) -> Any:
+    """Accept one agent's action with or without the leading (1,) agent axis."""
+    if kind == "hybrid":
+        if not isinstance(actions, dict):
+            raise EmulationError(f"hybrid action must be a dict with 'discrete' and 'continuous', got {actions!r}")
+        return {k: np.asarray(v)[0] if np.ndim(v) == 2 else v for k, v in actions.items()}
+    arr = np.asarray(actions)
+    if kind == "discrete":
+        if arr.size != 1:
+            raise EmulationError(f"expected one discrete action for agent {AGENT}, got shape {arr.shape}")
+        return arr.reshape(-1)[0]
+    return arr[0] if arr.ndim == 2 and arr.shape[0] == 1 else arr
