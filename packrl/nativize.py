@@ -27,8 +27,14 @@ def nativize(x: Any, layout: Layout) -> Any:
         raise NativizeError(f"nativize takes a numpy array or a torch tensor, got {type(x).__name__}")
     _check(x.dtype == torch.uint8, x.dtype, tuple(x.shape), layout)
     batch = tuple(x.shape[:-1])
-    views = [x[..., start:end].view(TORCH_DTYPES[name]).view(batch + shape) for start, end, name, shape in layout.spans]
+    views = [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
     return layout.unflatten(views)
+
+
+def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    if start == end:  # a leaf with no elements: no bytes to view, and strides of empty slices are arbitrary
+        return torch.empty(batch + shape, dtype=dtype, device=x.device)
+    return x[..., start:end].view(dtype).view(batch + shape)
 
 
 def _check(is_uint8: bool, dtype: Any, shape: tuple, layout: Layout) -> None:
