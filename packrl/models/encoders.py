@@ -1,0 +1,363 @@
+"""Encoders from packed uint8 rows to features, driven by the observation Layout.
+
+``LayoutEncoder(layout, hidden)`` nativizes the rows (``packrl.nativize``), embeds each leaf by
+its kind and concatenates the embeddings into one ``Linear + ReLU`` projection to ``hidden``:
+
+- float, integer and bool Boxes, MultiBinary: flattened, scaled to [-1, 1] by finite bounds
+  (integers without bounds go through symlog, unbounded floats pass unchanged);
+- images (3-d Boxes of uint8 or bool, HxWxC or CxHxW): a conv net (``"cnn"`` for small grids,
+  ``"nature"`` for 36 px and more; ``"impala"`` on request);
+- Discrete and MultiDiscrete: embeddings of ``value - start``;
+- Text and bounded strings: character embeddings, mean-pooled over the string's length.
+
+``overrides={path: choice}`` changes one leaf: ``"drop"`` (or None) leaves it out, a name
+(``"flat"``, ``"embedding"``, ``"cnn"``, ``"nature"``, ``"impala"``) picks a built-in encoder, and an
+``nn.Module`` is used as is (it gets the leaf tensor ``(B, *shape)``, or a ``TextView`` for strings,
+and needs an ``output_size`` attribute). ``NativeEncoder`` runs a plain module on the nativized
+structure instead.
+
+Bool leaves are read as their raw uint8 bytes (0 or 1): Inductor on CPU (torch 2.13) fails to
+compile ``uint8.view(torch.bool).float()``, and the raw bytes carry the same values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from packrl.emulation.codecs import TextView
+from packrl.emulation.layout import Layout, Leaf
+from packrl.emulation.values import format_path
+from packrl.errors import EmulationError
+from packrl.models.heads import layer_init
+from packrl.nativize import nativize
+
+EMBED_DIM = 16
+"""Width of each Discrete / MultiDiscrete / character embedding."""
+
+MAX_EMBEDDING = 65536
+"""A Discrete with more choices than this is fed as one scaled number instead of an embedding."""
+
+INT_SCALE_LIMIT = 2**24
+"""Integer leaves whose bounds span more than this (counters, full int32/int64 ranges) get symlog."""
+
+FINITE_LIMIT = 1e18
+"""Bounds of larger magnitude count as infinite when scaling (float32 max is a common stand-in for inf)."""
+
+
+# ---------------------------------------------------------------- leaf encoders
+
+class Flat(nn.Module):
+    """A numeric leaf flattened to floats and scaled to [-1, 1] where its bounds are finite.
+    Integers whose bounds span more than INT_SCALE_LIMIT get symlog; unbounded floats pass as they are."""
+
+    def __init__(self, leaf: Leaf):
+        super().__init__()
+        size = math.prod(leaf.shape)
+        self.output_size = size
+        low, high = _bounds(leaf)
+        finite = (np.abs(low) < FINITE_LIMIT) & (np.abs(high) < FINITE_LIMIT)
+        if leaf.dtype.kind in "iu":
+            finite &= (high - low) <= INT_SCALE_LIMIT
+        half = np.where(finite, (high - low) / 2, 1.0)
+        half = np.where(half > 0, half, 1.0)
+        self.register_buffer("center", torch.as_tensor(np.where(finite, (low + high) / 2, 0.0).reshape(-1), dtype=torch.float32))
+        self.register_buffer("inv_half", torch.as_tensor(1.0 / half.reshape(-1), dtype=torch.float32))
+        symlog = ~finite if leaf.dtype.kind in "iu" else np.zeros_like(finite)
+        self.any_symlog = bool(symlog.any())
+        self.register_buffer("symlog", torch.as_tensor(symlog.reshape(-1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(x.shape[0], -1).float()
+        y = (x - self.center) * self.inv_half
+        if self.any_symlog:
+            y = torch.where(self.symlog, torch.sign(x) * torch.log1p(x.abs()), y)
+        return y
+
+
+class DiscreteEmbedding(nn.Module):
+    """Discrete(n, start) or MultiDiscrete(nvec, start): one embedding table, offset per element.
+
+    Indices are clamped into range: rows of absent agents are all zeros, which is outside
+    ``[start, start + n)`` when ``start > 0``, and an out-of-range index would abort a CUDA kernel."""
+
+    def __init__(self, nvec: np.ndarray, start: np.ndarray, dim: int = EMBED_DIM):
+        super().__init__()
+        nvec, start = np.asarray(nvec, np.int64).reshape(-1), np.asarray(start, np.int64).reshape(-1)
+        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+        self.register_buffer("start", torch.as_tensor(start))
+        self.register_buffer("offsets", torch.as_tensor(offsets))
+        self.register_buffer("last", torch.as_tensor(nvec - 1))
+        self.table = nn.Embedding(int(nvec.sum()), dim)
+        self.output_size = dim * len(nvec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = x.reshape(x.shape[0], -1).long() - self.start
+        index = torch.minimum(index.clamp(min=0), self.last) + self.offsets
+        return self.table(index).reshape(x.shape[0], -1)
+
+
+class ScaledIndex(nn.Module):
+    """A Discrete too large to embed: ``(value - start) / (n - 1)`` as one float."""
+
+    def __init__(self, n: int, start: int):
+        super().__init__()
+        self.n, self.start = n, start
+        self.output_size = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.reshape(x.shape[0], -1).long() - self.start).float() / max(self.n - 1, 1)
+
+
+class TextEncoder(nn.Module):
+    """Characters embedded and averaged over the first ``length`` positions."""
+
+    def __init__(self, vocab: int, dim: int = EMBED_DIM):
+        super().__init__()
+        self.table = nn.Embedding(vocab, dim)
+        self.vocab = vocab
+        self.output_size = dim
+
+    def forward(self, text: TextView) -> torch.Tensor:
+        chars, length = text.chars, text.length.reshape(-1, 1)
+        emb = self.table(chars.long().clamp(0, self.vocab - 1))  # (B, L, dim)
+        positions = torch.arange(chars.shape[-1], device=chars.device)
+        keep = (positions < length).unsqueeze(-1).to(emb.dtype)
+        return (emb * keep).sum(-2) / length.clamp(min=1).to(emb.dtype)
+
+
+class ImageEncoder(nn.Module):
+    """Scale a (B, H, W, C) or (B, C, H, W) leaf by its bounds to [0, 1] and run a conv trunk."""
+
+    def __init__(self, leaf: Leaf, channels_last: bool, trunk: str = "cnn", output_size: int = 256):
+        super().__init__()
+        self.channels_last = channels_last
+        h, w, c = leaf.shape if channels_last else (leaf.shape[1], leaf.shape[2], leaf.shape[0])
+        low, high = _bounds(leaf)
+        low, high = float(low.min()), float(high.max())
+        self.low, self.inv_range = low, 1.0 / (high - low if high > low else 1.0)
+        if trunk == "nature":
+            if min(h, w) < 36:
+                raise EmulationError(f"NatureCNN needs images of at least 36x36 pixels, got {h}x{w}; use 'cnn' or 'impala'")
+            self.trunk = nature_cnn(c)
+        elif trunk == "impala":
+            self.trunk = impala_cnn(c)
+        elif trunk == "cnn":
+            self.trunk = small_cnn(c)
+        else:
+            raise ValueError(f"unknown image trunk {trunk!r}; choose 'cnn', 'nature' or 'impala'")
+        with torch.no_grad():
+            flat = self.trunk(torch.zeros(1, c, h, w)).shape[-1]
+        self.head = nn.Sequential(layer_init(nn.Linear(flat, output_size)), nn.ReLU())
+        self.output_size = output_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x.float() - self.low) * self.inv_range
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.head(self.trunk(x))
+
+
+def nature_cnn(channels: int) -> nn.Module:
+    """The DQN Nature paper's conv trunk (8x8/4, 4x4/2, 3x3/1), flattened."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+
+
+def small_cnn(channels: int) -> nn.Module:
+    """Two padded 3x3 convs, for grids such as MiniGrid's 7x7 view or a chess board."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten())
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def impala_cnn(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Module:
+    """IMPALA's residual trunk (Espeholt et al. 2018): per stage conv, 3x3/2 max-pool, two residual blocks."""
+    layers: list[nn.Module] = []
+    for depth in depths:
+        layers += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                   _Residual(depth), _Residual(depth)]
+        channels = depth
+    return nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+
+
+def image_channels_last(leaf: Leaf) -> bool | None:
+    """True (HxWxC), False (CxHxW) or None (not an image) for a 3-d uint8 or bool Box leaf."""
+    if leaf.kind != "box" or len(leaf.shape) != 3 or leaf.dtype not in (np.uint8, np.bool_):
+        return None
+    a, b, c = leaf.shape
+    if a == b or c <= 4:
+        return True
+    if b == c or a <= 4:
+        return False
+    return None
+
+
+def _bounds(leaf: Leaf) -> tuple[np.ndarray, np.ndarray]:
+    space = leaf.space
+    if hasattr(space, "low") and hasattr(space, "high"):
+        low = np.broadcast_to(np.asarray(space.low, np.float64), leaf.shape)
+        high = np.broadcast_to(np.asarray(space.high, np.float64), leaf.shape)
+        return low, high
+    if leaf.kind == "multibinary":
+        return np.zeros(leaf.shape), np.ones(leaf.shape)
+    return np.full(leaf.shape, -np.inf), np.full(leaf.shape, np.inf)
+
+
+# ---------------------------------------------------------------- choosing
+
+CHOICES = ("flat", "embedding", "cnn", "nature", "impala")
+
+
+def default_choice(leaf: Leaf) -> str:
+    """The built-in encoder a leaf gets without an override."""
+    if leaf.kind in ("discrete", "multidiscrete", "text", "bounded_string"):
+        return "embedding"
+    channels_last = image_channels_last(leaf)
+    if channels_last is not None:
+        h, w = leaf.shape[:2] if channels_last else leaf.shape[1:]
+        return "nature" if min(h, w) >= 36 else "cnn"
+    return "flat"
+
+
+def build_leaf_encoder(leaf: Leaf, choice: str) -> nn.Module:
+    """The built-in encoder ``choice`` for ``leaf`` (a string leaf's ``leaf`` is its chars field)."""
+    where = f"leaf {format_path(leaf.path)}"
+    if choice not in CHOICES:
+        raise ValueError(f"{where}: unknown encoder {choice!r}; choose one of {CHOICES}, 'drop', or pass an nn.Module")
+    codec_space = leaf.space
+    if leaf.kind in ("text", "bounded_string"):
+        if choice != "embedding":
+            raise EmulationError(f"{where}: string leaves take the 'embedding' encoder, not {choice!r}")
+        vocab = len(codec_space.character_list) if leaf.kind == "text" else 256
+        return TextEncoder(vocab)
+    if choice in ("cnn", "nature", "impala"):
+        channels_last = image_channels_last(leaf)
+        if channels_last is None:
+            if len(leaf.shape) != 3:
+                raise EmulationError(f"{where}: {choice!r} needs a 3-d image leaf, got shape {leaf.shape}")
+            channels_last = leaf.shape[-1] <= leaf.shape[0]
+        return ImageEncoder(leaf, channels_last, trunk=choice)
+    if choice == "embedding":
+        if leaf.kind == "discrete":
+            n, start = int(codec_space.n), int(codec_space.start)
+            return DiscreteEmbedding(np.array([n]), np.array([start])) if n <= MAX_EMBEDDING else ScaledIndex(n, start)
+        if leaf.kind == "multidiscrete":
+            return _embedding_or_refuse(np.asarray(codec_space.nvec), np.asarray(codec_space.start), where)
+        if leaf.kind == "box" and leaf.dtype.kind in "iub":
+            low, high = _bounds(leaf)
+            return _embedding_or_refuse(high - low + 1, low, where)
+        raise EmulationError(f"{where}: 'embedding' needs a Discrete, MultiDiscrete or integer Box leaf, got {leaf.kind} {leaf.dtype}")
+    return Flat(leaf)
+
+
+def _embedding_or_refuse(nvec: np.ndarray, start: np.ndarray, where: str) -> nn.Module:
+    if np.any(~np.isfinite(nvec.astype(np.float64))) or nvec.sum() > 16 * MAX_EMBEDDING:
+        raise EmulationError(f"{where}: {int(nvec.sum())} choices in all are too many to embed; use 'flat'")
+    return DiscreteEmbedding(nvec.astype(np.int64), start.astype(np.int64))
+
+
+# ---------------------------------------------------------------- LayoutEncoder
+
+def leaf_tensors(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """One tensor per ``layout.leaves`` entry from rows ``x (B, nbytes)``, via ``nativize``; bool
+    leaves come as their raw uint8 bytes (see the module note on Inductor)."""
+    tree = nativize(x, layout)
+    out = []
+    for leaf, (start, end, _, shape) in zip(layout.leaves, layout.spans):
+        if leaf.dtype == np.bool_:
+            out.append(x[..., start:end].reshape(x.shape[:-1] + shape))
+            continue
+        value = tree
+        for key in leaf.path:
+            value = value[key]
+        out.append(getattr(value, leaf.field) if leaf.field else value)
+    return out
+
+
+class LayoutEncoder(nn.Module):
+    """Rows ``(..., nbytes)`` uint8 -> features ``(..., hidden)``, one sub-encoder per leaf path.
+
+    A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
+    dtype), as emulated envs pass plain Box observations through unpacked."""
+
+    def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None):
+        super().__init__()
+        self.layout, self.hidden = layout, hidden
+        self.output_size = hidden
+        overrides = {(k if isinstance(k, tuple) else (k,)): v for k, v in (overrides or {}).items()}
+        paths: dict[tuple, list[int]] = {}
+        for i, leaf in enumerate(layout.leaves):
+            paths.setdefault(leaf.path, []).append(i)
+        unknown = [p for p in overrides if p not in paths]
+        if unknown:
+            raise EmulationError(f"overrides name no leaf: {[format_path(p) for p in unknown]}; "
+                                 f"leaves are {[format_path(p) for p in paths]}")
+        self.groups: list[tuple[int, ...]] = []  # leaf indices feeding each sub-encoder
+        self.text: list[bool] = []
+        encoders = []
+        for path, ids in paths.items():
+            leaf = layout.leaves[ids[0]]
+            choice = overrides.get(path, default_choice(leaf))
+            if choice is None or choice == "drop":
+                continue
+            module = choice if isinstance(choice, nn.Module) else build_leaf_encoder(leaf, choice)
+            if not hasattr(module, "output_size"):
+                raise EmulationError(f"override for leaf {format_path(path)}: the module needs an output_size attribute")
+            encoders.append(module)
+            self.groups.append(tuple(ids))
+            self.text.append(leaf.kind in ("text", "bounded_string"))
+        if not encoders:
+            raise EmulationError("every leaf was dropped: the encoder has no input")
+        self.leaf_encoders = nn.ModuleList(encoders)
+        self.concat_size = sum(m.output_size for m in encoders)
+        self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), nn.ReLU())
+        root = layout.leaves[0] if len(layout.leaves) == 1 and layout.leaves[0].path == () else None
+        self.passthrough_leaf = root if root is not None and root.kind == "box" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        leaf = self.passthrough_leaf
+        if leaf is not None and _is_passthrough(x, leaf):
+            batch = tuple(x.shape[: x.ndim - len(leaf.shape)])
+            values = [x.reshape((-1,) + leaf.shape)]
+        else:
+            batch = tuple(x.shape[:-1])
+            values = leaf_tensors(x.reshape(-1, x.shape[-1]), self.layout)
+        parts = []
+        for module, ids, text in zip(self.leaf_encoders, self.groups, self.text):
+            parts.append(module(TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]]))
+        return self.project(torch.cat(parts, -1)).reshape(batch + (self.hidden,))
+
+
+def _is_passthrough(x: torch.Tensor, leaf: Leaf) -> bool:
+    """Plain Box observation (its own dtype and shape) rather than packed uint8 rows."""
+    from packrl.nativize import torch_dtype
+
+    return x.dtype == torch_dtype(leaf.dtype) and tuple(x.shape[x.ndim - len(leaf.shape):]) == leaf.shape \
+        and not (x.dtype == torch.uint8 and len(leaf.shape) == 1)
+
+
+class NativeEncoder(nn.Module):
+    """A plain module over the nativized structure: ``module(nativize(rows, layout)) -> (B, output_size)``."""
+
+    def __init__(self, layout: Layout, module: nn.Module, output_size: int):
+        super().__init__()
+        self.layout, self.module, self.output_size = layout, module, output_size
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.module(nativize(x, self.layout))

@@ -1,0 +1,208 @@
+"""Networks between encoder and decoder: MLP, LSTM, GRU and MinGRU, one interface.
+
+Every network has ``input_size``, ``hidden_size`` and
+
+- ``initial_state(batch_size, device) -> tuple`` of zero tensors ``(batch, hidden)`` (empty for MLP);
+- ``step(x (B, in), state, done=None) -> (y (B, hidden), state)``: one rollout step;
+- ``sequence(x (B, T, in), state, done=None) -> (y (B, T, hidden), state)``: training.
+
+``done`` (bool, ``(B,)`` or ``(B, T)``) marks rows whose input is the first observation of a new
+episode (the terminals | truncations returned with it): their state is zeroed before that input.
+Stepping ``step`` T times equals one ``sequence`` over T, resets included.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+State = tuple[torch.Tensor, ...]
+
+
+def _keep(done: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """1 where the state carries over, 0 where an episode starts, shaped to broadcast on ``like``."""
+    if done is None:
+        return None
+    return (~done.bool()).to(like.dtype).unsqueeze(-1)
+
+
+class MLP(nn.Module):
+    """Feedforward: ``layers`` Linear + ReLU blocks. Stateless (its state is ``()``)."""
+
+    def __init__(self, input_size: int, hidden_size: int = 128, layers: int = 1):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        blocks: list[nn.Module] = []
+        for i in range(layers):
+            blocks += [nn.Linear(input_size if i == 0 else hidden_size, hidden_size), nn.ReLU()]
+        self.net = nn.Sequential(*blocks) if blocks else nn.Identity()
+        if not blocks:
+            self.hidden_size = input_size
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        return ()
+
+    def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self.net(x), state
+
+    def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self.net(x), state
+
+
+class LSTM(nn.Module):
+    """One LSTM layer. Without ``done`` a sequence runs through the fused ``nn.LSTM``; with it, the
+    same weights run step by step (the input projection done once for all T) so states reset
+    exactly where episodes start."""
+
+    def __init__(self, input_size: int, hidden_size: int = 128):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.lstm = nn.LSTM(input_size, hidden_size, batch_first=True)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        zeros = torch.zeros(batch_size, self.hidden_size, device=device)
+        return (zeros, zeros.clone())
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.lstm.weight_ih_l0.T + self.lstm.bias_ih_l0 + self.lstm.bias_hh_l0
+
+    def _cell(self, gates_x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        i, f, g, o = (gates_x + h @ self.lstm.weight_hh_l0.T).chunk(4, -1)  # PyTorch's gate order
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        h, c = state
+        keep = _keep(done, h)
+        if keep is not None:
+            h, c = h * keep, c * keep
+        h, c = self._cell(self._input(x), h, c)
+        return h, (h, c)
+
+    def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        h, c = state
+        if done is None:
+            y, (h, c) = self.lstm(x, (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()))
+            return y, (h[0], c[0])
+        gates_x, keep, outputs = self._input(x), _keep(done, h), []
+        for t in range(x.shape[1]):
+            h, c = self._cell(gates_x[:, t], h * keep[:, t], c * keep[:, t])
+            outputs.append(h)
+        return torch.stack(outputs, 1), (h, c)
+
+
+class GRU(nn.Module):
+    """One GRU layer; same scheme as LSTM (fused without resets, stepwise with them)."""
+
+    def __init__(self, input_size: int, hidden_size: int = 128):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.gru = nn.GRU(input_size, hidden_size, batch_first=True)
+        for name, param in self.gru.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        return (torch.zeros(batch_size, self.hidden_size, device=device),)
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.gru.weight_ih_l0.T + self.gru.bias_ih_l0
+
+    def _cell(self, gates_x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        x_r, x_z, x_n = gates_x.chunk(3, -1)  # PyTorch's gate order: reset, update, new
+        h_r, h_z, h_n = (h @ self.gru.weight_hh_l0.T + self.gru.bias_hh_l0).chunk(3, -1)
+        r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+        n = torch.tanh(x_n + r * h_n)
+        return (1 - z) * n + z * h
+
+    def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        (h,) = state
+        keep = _keep(done, h)
+        if keep is not None:
+            h = h * keep
+        h = self._cell(self._input(x), h)
+        return h, (h,)
+
+    def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        (h,) = state
+        if done is None:
+            y, h = self.gru(x, h.unsqueeze(0).contiguous())
+            return y, (h[0],)
+        gates_x, keep, outputs = self._input(x), _keep(done, h), []
+        for t in range(x.shape[1]):
+            h = self._cell(gates_x[:, t], h * keep[:, t])
+            outputs.append(h)
+        return torch.stack(outputs, 1), (h,)
+
+
+class MinGRU(nn.Module):
+    """minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): gates depend on the input only,
+
+        z_t = sigmoid(W_z x_t),  h~_t = g(W_h x_t),  h_t = (1 - z_t) * h_{t-1} + z_t * h~_t,
+
+    so a sequence is the linear recurrence ``h_t = a_t h_{t-1} + b_t``, computed in training by a
+    parallel (Hillis-Steele) scan over time: log2(T) elementwise rounds, no Python loop over T.
+    An episode start sets ``a_t = 0``. Rollouts step it sequentially."""
+
+    def __init__(self, input_size: int, hidden_size: int = 128):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.proj = nn.Linear(input_size, 2 * hidden_size)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        return (torch.zeros(batch_size, self.hidden_size, device=device),)
+
+    def _coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, candidate = self.proj(x).chunk(2, -1)
+        z = torch.sigmoid(gate)
+        # g keeps candidates positive and continuous, as in the paper's log-space version
+        g = torch.where(candidate >= 0, candidate + 0.5, torch.sigmoid(candidate))
+        return 1 - z, z * g
+
+    def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        (h,) = state
+        a, b = self._coefficients(x)
+        keep = _keep(done, h)
+        if keep is not None:
+            a = a * keep
+        h = a * h + b
+        return h, (h,)
+
+    def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        (h0,) = state
+        a, b = self._coefficients(x)
+        keep = _keep(done, h0)
+        if keep is not None:
+            a = a * keep
+        a_cum, b_cum = linear_scan(a, b)
+        h = a_cum * h0.unsqueeze(1) + b_cum
+        return h, (h[:, -1],)
+
+
+def linear_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inclusive scan of ``h_t = a_t h_{t-1} + b_t`` over axis 1: returns ``(A, B)`` with
+    ``h_t = A_t h_0 + B_t``. Composition ``(a1, b1) then (a2, b2) = (a1 a2, a2 b1 + b2)``."""
+    steps, shift = a.shape[1], 1
+    while shift < steps:
+        a_prev = torch.cat([torch.ones_like(a[:, :shift]), a[:, :-shift]], 1)
+        b_prev = torch.cat([torch.zeros_like(b[:, :shift]), b[:, :-shift]], 1)
+        a, b = a * a_prev, a * b_prev + b
+        shift *= 2
+    return a, b
+
+
+NETWORKS = {"mlp": MLP, "lstm": LSTM, "gru": GRU, "mingru": MinGRU}
+
+
+def make_network(name: str, input_size: int, hidden_size: int = 128) -> nn.Module:
+    """A network by name: "mlp", "lstm", "gru" or "mingru"."""
+    try:
+        return NETWORKS[name](input_size, hidden_size)
+    except KeyError:
+        raise ValueError(f"unknown network {name!r}; choose one of {sorted(NETWORKS)}") from None

@@ -1,0 +1,149 @@
+"""Policy(encoder, network, decoder): packed observation rows -> (logits, values, state).
+
+- ``initial_state(batch_size, device)``: the network's zero state (a tuple of tensors; ``()`` for MLP).
+- ``forward_eval(x (B, nbytes), state, done=None) -> (logits (B, L), values (B,), state)``: one
+  rollout step.
+- ``forward(x (B, T, nbytes), state, done=None) -> (logits (B, T, L), values (B, T), state)``:
+  training over time.
+
+``done`` (bool ``(B,)`` or ``(B, T)``) holds the terminals | truncations the env returned together
+with ``x``: those rows begin a new episode, so their recurrent state is zeroed before ``x`` is read
+(vector envs put the next episode's first observation in ``observations`` on the step that ends
+one). Calling ``forward_eval`` T times equals one ``forward`` over T. When the observation layout
+has an action-mask leaf, its nonzero entries are the allowed choices and the logits of the others
+are masked (probability 0). ``policy.decoder.distribution(logits)`` gives ``sample``,
+``log_prob``, ``entropy``; ``policy.decoder.to_numpy(action)`` gives the arrays ``env.step`` takes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from packrl.emulation.actions import ActionLayout
+from packrl.emulation.layout import Layout
+from packrl.emulation.values import format_path
+from packrl.errors import EmulationError
+from packrl.models.encoders import LayoutEncoder
+from packrl.models.heads import Decoder
+from packrl.models.networks import State, make_network
+
+
+class ActionMask(nn.Module):
+    """Reads the action-mask leaf at ``path`` from packed rows as a bool ``(..., width)`` tensor.
+
+    One-byte leaves (bool, uint8, int8) are compared on their raw bytes, a form every backend
+    compiles (no bool bitcast); wider dtypes are viewed in their own dtype first."""
+
+    def __init__(self, layout: Layout, path: tuple):
+        super().__init__()
+        leaves = [leaf for leaf in layout.leaves if leaf.path == tuple(path)]
+        if len(leaves) != 1 or leaves[0].kind not in ("box", "multibinary"):
+            raise EmulationError(f"action mask {format_path(tuple(path))} must be one Box or MultiBinary leaf of the observation")
+        leaf = leaves[0]
+        self.start, self.end = leaf.offset, leaf.offset + leaf.nbytes
+        self.itemsize = leaf.dtype.itemsize
+        self.dtype_name = leaf.dtype.name
+        self.width = int(np.prod(leaf.shape))
+        self.path = tuple(path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raw = x[..., self.start:self.end]
+        if self.itemsize > 1:
+            raw = raw.view(getattr(torch, self.dtype_name))
+        return raw != 0
+
+
+class Policy(nn.Module):
+    """Encoder -> network -> decoder, with an optional action-mask reader (see the module doc).
+
+    ``row_bytes`` trims wider rows to this policy's layout (heterogeneous envs pad every row to
+    the widest group's layout)."""
+
+    def __init__(self, encoder: nn.Module, network: nn.Module, decoder: Decoder,
+                 action_mask: ActionMask | None = None, row_bytes: int | None = None):
+        super().__init__()
+        self.encoder, self.network, self.decoder = encoder, network, decoder
+        self.action_mask = action_mask
+        self.row_bytes = row_bytes
+        spec = getattr(decoder, "spec", None)
+        if action_mask is not None and spec is not None and action_mask.width != spec.mask_size:
+            raise EmulationError(f"action mask {format_path(action_mask.path)} has {action_mask.width} entries, "
+                                 f"the action space has {spec.mask_size} discrete choices")
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def from_layouts(cls, observation: Layout, action: ActionLayout | spaces.Space, network: str = "mlp",
+                     hidden: int = 128, action_mask: tuple | None = None, overrides: dict | None = None,
+                     log_std_init: float = 0.0, row_bytes: int | None = None) -> "Policy":
+        """A LayoutEncoder, a named network ("mlp", "lstm", "gru", "mingru") and a Decoder."""
+        encoder = LayoutEncoder(observation, hidden, overrides)
+        net = make_network(network, encoder.output_size, hidden)
+        decoder = Decoder(action, net.hidden_size, log_std_init)
+        mask = ActionMask(observation, action_mask) if action_mask is not None else None
+        return cls(encoder, net, decoder, mask, row_bytes)
+
+    @classmethod
+    def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
+                 overrides: dict | None = None, log_std_init: float = 0.0, use_action_mask: bool = True) -> "Policy":
+        """The policy of an emulated env (``env.emulated``): its observation Layout, ActionLayout and
+        action-mask path. An env whose agents fall into several groups (different spaces) needs
+        ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or ``per_group``."""
+        emulated = env.emulated
+        if group is None:
+            if emulated.heterogeneous:
+                raise EmulationError(
+                    f"this env has {len(emulated.groups)} agent groups with different spaces "
+                    f"({[g.agents for g in emulated.groups]}); build one policy per group with "
+                    "Policy.per_group(env) or Policy.from_env(env, group=i)")
+            group = 0
+        g = emulated.groups[group]
+        row_bytes = g.observation.nbytes if g.observation.nbytes != emulated.nbytes else None
+        return cls.from_layouts(g.observation, g.action, network, hidden,
+                                g.action_mask if use_action_mask else None, overrides, log_std_init, row_bytes)
+
+    @classmethod
+    def per_group(cls, env: Any, network: str = "mlp", hidden: int = 128, **kwargs: Any) -> nn.ModuleList:
+        """One policy per agent group of ``env.emulated``; policy i acts for rows ``groups[i].rows``."""
+        return nn.ModuleList(cls.from_env(env, network, hidden, group=i, **kwargs)
+                             for i in range(len(env.emulated.groups)))
+
+    # ------------------------------------------------------------ running
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        return self.network.initial_state(batch_size, device)
+
+    def features(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Rows ``(N, nbytes)`` -> encoder features and the decoder's context (the action mask)."""
+        if self.row_bytes is not None:
+            x = x[..., : self.row_bytes]
+        mask = self.action_mask(x) if self.action_mask is not None else None
+        return self.encoder(x), mask
+
+    def heads(self, hidden: torch.Tensor, context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.decoder(hidden, context)
+
+    def forward_eval(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """One rollout step: ``x (B, ...)`` -> ``(logits (B, L), values (B,), state)``."""
+        features, context = self.features(x)
+        hidden, state = self.network.step(features, state, done)
+        logits, values = self.heads(hidden, context)
+        return logits, values, state
+
+    def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """Training over time: ``x (B, T, ...)`` -> ``(logits (B, T, L), values (B, T), state)``."""
+        b, t = x.shape[:2]
+        features, context = self.features(x.reshape((b * t,) + tuple(x.shape[2:])))
+        hidden, state = self.network.sequence(features.reshape(b, t, -1), state, done)
+        logits, values = self.heads(hidden.reshape(b * t, -1), context)
+        return logits.reshape(b, t, -1), values.reshape(b, t), state
+
+    def distribution(self, logits: torch.Tensor) -> Any:
+        """Shorthand for ``self.decoder.distribution(logits)``."""
+        return self.decoder.distribution(logits)
