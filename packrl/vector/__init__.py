@@ -1,0 +1,52 @@
+"""Vectorization: many envs behind one set of shared ``(num_agents, nbytes)`` arrays.
+
+``make(env_creator, num_envs, backend=...)`` returns a vector env with ``reset``/``step``
+(all envs at once) and ``async_reset``/``recv``/``send`` (EnvPool-style batches); see
+``VectorEnv`` for what they return and how episode ends show.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from packrl.errors import EmulationError
+from packrl.vector.base import Batch, VectorEnv
+from packrl.vector.serial import Serial
+
+BACKENDS = ("serial", "multiprocessing", "numba", "ray")
+
+
+def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial", num_workers: int | None = None,
+         batch_size: int | None = None, seed: int = 0, **kwargs: Any) -> Any:
+    """Build ``num_envs`` envs from ``env_creator`` (a gymnasium.Env, a PettingZoo env or an
+    emulated env; what is not emulated gets ``packrl.emulation.emulate``).
+
+    backend: ``serial`` (this process), ``multiprocessing`` (``num_workers`` processes sharing
+    memory; ``context=`` picks spawn, forkserver or fork), ``numba`` (``env_creator`` is a
+    Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (not available yet).
+    ``seed``: env i is seeded with ``seed + i`` on the first ``reset``."""
+    if backend == "serial":
+        if num_workers not in (None, 1):
+            raise EmulationError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
+        if kwargs:
+            raise EmulationError(f"backend 'serial' takes no options {sorted(kwargs)}")
+        return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed)
+    if backend == "multiprocessing":
+        from packrl.vector.multiprocessing import Multiprocessing
+
+        return Multiprocessing(env_creator, num_envs, num_workers=num_workers, batch_size=batch_size, seed=seed,
+                               **kwargs)
+    if backend == "numba":
+        try:
+            from packrl.vector.numba_backend import make_numba
+        except ImportError as err:
+            raise EmulationError(f"backend 'numba' is not available: {err}") from None
+        if num_workers is not None or batch_size is not None:
+            raise EmulationError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
+        return make_numba(env_creator, num_envs, seed=seed, **kwargs)
+    if backend == "ray":
+        raise EmulationError("backend 'ray' is not implemented in packrl yet (Ray is not installed here); "
+                             "use 'multiprocessing' on one machine")
+    raise EmulationError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+__all__ = ["BACKENDS", "Batch", "Serial", "VectorEnv", "make"]

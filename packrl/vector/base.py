@@ -1,0 +1,148 @@
+"""What every packrl vector env shares: spaces, the gymnasium interface, batches and actions."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from packrl.errors import EmulationError, EnvError
+from packrl.vector.actions import ActionWriter, action_arrays
+from packrl.vector.runner import EnvSpec
+from packrl.vector.shared import BufferPlan
+
+try:  # gymnasium >= 1.1 names the autoreset modes
+    from gymnasium.vector import AutoresetMode
+
+    SAME_STEP: Any = AutoresetMode.SAME_STEP
+except ImportError:  # pragma: no cover
+    SAME_STEP = "SameStep"
+
+
+class Batch(NamedTuple):
+    """What ``recv`` returns: rows of the envs in ``env_ids`` (each env: ``agents_per_env``
+    consecutive rows, in the order of ``env_ids``). Arrays stay valid until the next ``send``."""
+
+    observations: np.ndarray
+    rewards: np.ndarray
+    terminals: np.ndarray
+    truncations: np.ndarray
+    infos: list
+    env_ids: np.ndarray
+    masks: np.ndarray
+    final_observations: np.ndarray
+
+
+def plan_buffers(spec: EnvSpec, num_envs: int, extra: dict | None = None) -> BufferPlan:
+    """Observation, episode and action arrays for ``num_envs`` envs, plus any backend arrays."""
+    rows = num_envs * spec.agents_per_env
+    arrays = {
+        "observations": ((rows, *spec.row_shape), spec.row_dtype),
+        "final_observations": ((rows, *spec.row_shape), spec.row_dtype),
+        "rewards": ((rows,), np.float32),
+        "terminals": ((rows,), np.bool_),
+        "truncations": ((rows,), np.bool_),
+        "masks": ((rows,), np.bool_),
+    }
+    arrays.update(action_arrays(spec.single_action_space, rows))
+    arrays.update(extra or {})
+    return BufferPlan.build(arrays)
+
+
+class VectorEnv(gymnasium.vector.VectorEnv):
+    """Many envs, one set of arrays with one row per agent (``num_agents = num_envs * agents_per_env``).
+
+    ``reset`` and ``step`` (``batch_size == num_envs``) return zero-copy views of the arrays,
+    overwritten by the next call. With ``batch_size < num_envs`` use ``async_reset``, ``recv``
+    and ``send``. Episode ends are never hidden: on the step an episode ends, the flags and the
+    final reward are set, ``observations`` holds the next episode's first observation and
+    ``final_observations`` the ended episode's last one. ``infos`` is a list with one dict per
+    env of the batch (empty when the env gave none; the reset info of a same-step autoreset is
+    under ``"reset_info"``).
+    """
+
+    metadata = {"autoreset_mode": SAME_STEP}
+
+    def _setup(self, spec: EnvSpec, num_envs: int, batch_size: int | None, seed: int,
+               arrays: dict[str, np.ndarray]) -> None:
+        self.spec_ = spec
+        self.num_envs = num_envs
+        self.agents_per_env = spec.agents_per_env
+        self.num_agents = num_envs * spec.agents_per_env
+        self.batch_size = num_envs if batch_size is None else int(batch_size)
+        self.seed = seed
+        self.emulated = spec.emulated
+        self.possible_agents = spec.possible_agents
+        self.single_observation_space = spec.single_observation_space
+        self.single_action_space = spec.single_action_space
+        self.observation_space = batch_space(spec.single_observation_space, self.num_agents)
+        self.action_space = batch_space(spec.single_action_space, self.num_agents)
+        self.arrays = arrays
+        self.observations = arrays["observations"]
+        self.final_observations = arrays["final_observations"]
+        self.rewards = arrays["rewards"]
+        self.terminals = arrays["terminals"]
+        self.truncations = arrays["truncations"]
+        self.masks = arrays["masks"]
+        self._actions = ActionWriter(spec.single_action_space, arrays, spec.agents_per_env)
+        self._all_env_ids = np.arange(num_envs)
+        self._seeded = False
+        self.closed = False
+
+    @property
+    def synchronous(self) -> bool:
+        return self.batch_size == self.num_envs
+
+    def _reset_seed(self, seed: int | None) -> int | None:
+        """``reset()`` without a seed uses ``make``'s seed the first time, then continues the envs' RNGs."""
+        if seed is None and not self._seeded:
+            seed = self.seed
+        self._seeded = True
+        return seed
+
+    def _require_sync(self, what: str) -> None:
+        if self.closed:
+            raise EnvError("the vector env is closed")
+        if not self.synchronous:
+            raise EmulationError(f"{what}() steps every env at once; with batch_size={self.batch_size} < "
+                                 f"num_envs={self.num_envs} use async_reset(), recv() and send()")
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, list]:
+        """Reset every env (env i with ``seed + i``); return ``(observations, infos)``."""
+        self._require_sync("reset")
+        if options is not None:
+            raise EmulationError("vector reset takes no options")
+        self.async_reset(seed)
+        batch = self.recv()
+        return batch.observations, batch.infos
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
+        """Step every env; return ``(observations, rewards, terminals, truncations, infos)``."""
+        self._require_sync("step")
+        self.send(actions)
+        b = self.recv()
+        return b.observations, b.rewards, b.terminals, b.truncations, b.infos
+
+    def _rows(self, env_ids: np.ndarray) -> Any:
+        """Rows of a batch of envs: a slice when they are consecutive (views, no copy)."""
+        a = self.agents_per_env
+        first, count = int(env_ids[0]), len(env_ids)
+        if env_ids[-1] - first == count - 1 and (count == 1 or bool(np.all(np.diff(env_ids) == 1))):
+            return slice(first * a, (first + count) * a)
+        return (env_ids[:, None] * a + np.arange(a)).reshape(-1)
+
+    def _batch(self, env_ids: np.ndarray, infos: list) -> Batch:
+        rows = self._rows(env_ids)
+        return Batch(self.observations[rows], self.rewards[rows], self.terminals[rows], self.truncations[rows],
+                     infos, env_ids, self.masks[rows], self.final_observations[rows])
+
+    def __enter__(self) -> "VectorEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_envs={self.num_envs}, agents_per_env={self.agents_per_env}, "
+                f"batch_size={self.batch_size}, observation row {self.spec_.row_shape} {np.dtype(self.spec_.row_dtype)})")

@@ -1,0 +1,133 @@
+"""Stepping a block of envs in place: the loop shared by the serial backend and every worker.
+
+Each env writes straight into its rows of the caller's arrays (``set_buffers``). Envs that do
+not reset themselves (``autoreset = False``, emulated envs) are reset on the step their episode
+ends, keeping that step's rewards and flags: episode ends are never hidden.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.errors import EmulationError
+from packrl.vector.actions import action_views
+
+BUFFERS = ("observations", "final_observations", "rewards", "terminals", "truncations", "masks")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the main process must know about an env before it allocates the shared arrays."""
+
+    agents_per_env: int
+    autoreset: bool
+    row_shape: tuple
+    row_dtype: str
+    single_observation_space: spaces.Space
+    single_action_space: spaces.Space
+    possible_agents: tuple
+    emulated: Any
+
+    @classmethod
+    def of(cls, env: Any) -> "EnvSpec":
+        return cls(int(env.num_agents), bool(getattr(env, "autoreset", False)), tuple(env.observations.shape[1:]),
+                   env.observations.dtype.str, env.single_observation_space, env.single_action_space,
+                   tuple(getattr(env, "possible_agents", ())), getattr(env, "emulated", None))
+
+    def check(self, env: Any, index: int) -> None:
+        """Refuse an env whose rows differ from the first env's: they could not share the arrays."""
+        mine = (int(env.num_agents), tuple(env.observations.shape[1:]), env.observations.dtype.str,
+                env.single_action_space)
+        first = (self.agents_per_env, self.row_shape, self.row_dtype, self.single_action_space)
+        if mine != first:
+            raise EmulationError(f"env {index} has (num_agents, row shape, row dtype, action space) = {mine}, "
+                                 f"env 0 has {first}; all envs of a vector env must match")
+
+
+def build_env(env_creator: Callable[[], Any]) -> Any:
+    """Call the creator; emulate what is not emulated yet."""
+    env = env_creator()
+    if hasattr(env, "set_buffers") and hasattr(env, "emulated"):
+        return env
+    from packrl.emulation import emulate
+
+    return emulate(env)
+
+
+class EnvFailure(Exception):
+    """An env raised: carries its global index and the formatted original traceback."""
+
+    def __init__(self, env_index: int, text: str):
+        super().__init__(env_index, text)
+        self.env_index, self.text = env_index, text
+
+
+class EnvRunner:
+    """Steps envs ``first .. first + len(envs) - 1`` over rows of the full shared arrays."""
+
+    def __init__(self, envs: list, first: int, arrays: dict[str, np.ndarray], spec: EnvSpec):
+        self.envs, self.first, self.spec = envs, first, spec
+        self.autoreset = spec.autoreset
+        self.rows = []
+        self.actions = []
+        agents = spec.agents_per_env
+        for k, env in enumerate(envs):
+            rows = slice((first + k) * agents, (first + k + 1) * agents)
+            env.set_buffers(*(arrays[name][rows] for name in BUFFERS))
+            self.rows.append(rows)
+            self.actions.append(action_views(spec.single_action_space, arrays, rows))
+        self.current = 0
+
+    def reset(self, seed: int | None) -> list:
+        """Reset every env (env i with ``seed + i * copies`` when seeded); return [(env index, info)]."""
+        infos = []
+        for k, env in enumerate(self.envs):
+            self.current = k
+            index = self.first + k
+            env_seed = None if seed is None else seed + index * self._copies(env)
+            _, info = env.reset(seed=env_seed)
+            if info:
+                infos.append((index, info))
+        return infos
+
+    def step(self, lo: int = 0, hi: int | None = None) -> list:
+        """Step envs ``lo .. hi - 1`` of this block (all by default) with their rows of the action
+        arrays; return [(env index, info)] for the non-empty infos."""
+        infos = []
+        envs, actions = self.envs, self.actions
+        for k in range(lo, len(envs) if hi is None else hi):
+            self.current = k
+            env = envs[k]
+            info = env.step(actions[k])[4]
+            if not self.autoreset and env.done:
+                info = self._reset_after_end(env, info)
+            if info:
+                infos.append((self.first + k, info))
+        return infos
+
+    @staticmethod
+    def _reset_after_end(env: Any, info: dict) -> dict:
+        """Same-step autoreset: the next episode's first observation, this step's rewards and flags."""
+        kept = env.rewards.copy(), env.terminals.copy(), env.truncations.copy()
+        _, reset_info = env.reset()
+        env.rewards[:], env.terminals[:], env.truncations[:] = kept
+        if reset_info:
+            info = {**info, "reset_info": reset_info}
+        return info
+
+    def failure(self) -> EnvFailure:
+        """Call inside ``except``: the failing env's global index and the traceback."""
+        return EnvFailure(self.first + self.current, traceback.format_exc())
+
+    @staticmethod
+    def _copies(env: Any) -> int:
+        """Seeds an env consumes: batched envs seed copy j with seed + j."""
+        return int(getattr(env, "num_envs", env.num_agents)) if getattr(env, "autoreset", False) else 1
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,101 @@
+"""The serial backend: every env in this process, stepping straight into one set of arrays."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from packrl.errors import EmulationError, EnvError
+from packrl.vector.base import Batch, VectorEnv, plan_buffers
+from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
+
+
+class Serial(VectorEnv):
+    """``num_envs`` envs stepped one after the other in this process.
+
+    With ``batch_size < num_envs`` the envs form fixed batches (0..B-1, B..2B-1, ...) that
+    ``recv`` hands out in turn; ``send`` steps the batch last received."""
+
+    def __init__(self, env_creator: Callable[[], Any], num_envs: int, batch_size: int | None = None, seed: int = 0):
+        envs = [build_env(env_creator)]
+        spec = EnvSpec.of(envs[0])
+        try:
+            for i in range(1, num_envs):
+                env = build_env(env_creator)
+                envs.append(env)
+                spec.check(env, i)
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        _check_batch(num_envs, batch_size, 1)
+        self._setup(spec, num_envs, batch_size, seed, plan_buffers(spec, num_envs).local())
+        self._runner = EnvRunner(envs, 0, self.arrays, spec)
+        self.envs = envs
+        self._next = 0  # the batch recv returns next
+        self._pending: list = [[] for _ in range(num_envs // self.batch_size)]
+        self._sent = True  # reset or send happened; recv may follow
+
+    def async_reset(self, seed: int | None = None) -> None:
+        """Reset every env; ``recv`` then returns the batches in turn."""
+        self._check_open()
+        infos = self._run(self._runner.reset, self._reset_seed(seed))
+        self._pending = [[] for _ in self._pending]
+        for index, info in infos:
+            self._pending[index // self.batch_size].append((index, info))
+        self._next, self._sent = 0, True
+
+    def recv(self) -> Batch:
+        """The next batch: its rows, flags, infos and env ids."""
+        self._check_open()
+        if not self._sent:
+            raise EmulationError("recv() twice without send(): send the actions of the batch received first")
+        b = self._next
+        env_ids = self._all_env_ids[b * self.batch_size: (b + 1) * self.batch_size]
+        infos = [{} for _ in range(len(env_ids))]
+        for index, info in self._pending[b]:
+            infos[index - b * self.batch_size] = info
+        self._pending[b] = []
+        self._sent = False
+        return self._batch(env_ids, infos)
+
+    def send(self, actions: Any) -> None:
+        """Step the envs of the batch last received with ``actions`` (one entry per row)."""
+        self._check_open()
+        if self._sent:
+            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+        b = self._next
+        first, count = b * self.batch_size, self.batch_size
+        env_ids = self._all_env_ids[first: first + count]
+        rows = self._rows(env_ids)
+        self._actions.write(actions, rows, env_ids)
+        infos = self._run(self._runner.step, first, first + count)
+        self._pending[b] = infos
+        self._next = (b + 1) % len(self._pending)
+        self._sent = True
+
+    def _run(self, fn: Callable, *args: Any) -> list:
+        try:
+            return fn(*args)
+        except Exception:
+            failure: EnvFailure = self._runner.failure()
+            self._broken = failure
+            raise EnvError(f"serial backend, env {failure.env_index} raised:\n{failure.text}") from None
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EnvError("the vector env is closed")
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._runner.close()
+
+
+def _check_batch(num_envs: int, batch_size: int | None, envs_per_worker: int) -> None:
+    if num_envs < 1:
+        raise EmulationError(f"num_envs must be at least 1, got {num_envs}")
+    if batch_size is None:
+        return
+    if not 1 <= batch_size <= num_envs or num_envs % batch_size or batch_size % envs_per_worker:
+        raise EmulationError(
+            f"batch_size={batch_size} must divide num_envs={num_envs} and be a multiple of the "
+            f"{envs_per_worker} env(s) each worker steps")
