@@ -50,8 +50,22 @@ class Emulated:
 
     @property
     def nbytes(self) -> int:
-        """Row width: the widest observation layout."""
-        return max(g.observation.nbytes for g in self.groups)
+        """Row width: the widest observation layout, rounded up to every group's alignment so that
+        each group's typed views stay aligned in every row of a ``(rows, nbytes)`` buffer."""
+        widest = max(g.observation.nbytes for g in self.groups)
+        align = max(g.observation.alignment for g in self.groups)
+        return -(-widest // align) * align
+
+    def rows_for(self, rows: Any, group: Group | int) -> Any:
+        """The rows of one group, cut to that group's layout width: ``rows[..., group.rows, :nbytes]``.
+
+        ``rows`` is ``(..., num_agents, row_nbytes)`` (numpy or torch); the result goes straight to
+        ``nativize(result, group.observation)``. A group whose rows are consecutive gets a view."""
+        group = self.groups[group] if isinstance(group, (int, np.integer)) else group
+        first, last = group.rows[0], group.rows[-1]
+        if list(group.rows) == list(range(first, last + 1)):
+            return rows[..., first: last + 1, : group.observation.nbytes]
+        return rows[..., list(group.rows), : group.observation.nbytes]
 
     def row_of(self, agent: Any) -> int:
         if isinstance(agent, (int, np.integer)) and not isinstance(agent, bool) and agent not in self.agents:

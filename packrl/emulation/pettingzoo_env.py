@@ -1,0 +1,383 @@
+"""PettingZoo Parallel and AEC envs as packed rows: one row per possible agent.
+
+Row ``i`` belongs to ``possible_agents[i]`` for the whole life of the env. Agents with equal
+spaces share one layout pair (a Group, see ``env.emulated``); rows are ``env.emulated.nbytes``
+wide and a group narrower than that fills the prefix ``row[:group.observation.nbytes]`` (the
+rest stays zero). ``env.emulated.rows_for(observations, group)`` cuts one group's rows to its
+width for ``nativize``. One group whose observation space is a Box passes through: rows are the
+Box itself, as for single-agent envs.
+
+How a learner reads the buffers (both kinds):
+
+- ``masks[i]`` is true when row ``i`` holds an observation to act on: agent ``i`` is alive
+  (Parallel) or is the one to act (AEC). Only those rows' actions are read by the next ``step``;
+  a batched policy writes something in every row and the others are not looked at. Actions
+  given as a mapping ``{agent: action}`` are checked strictly instead: an agent that is not
+  alive or not acting is an error.
+- Masked rows hold zeros; drop them. The reward and end flags of an action taken at a step
+  where ``masks[i]`` was true arrive on row ``i`` at the next step where ``masks[i]``,
+  ``terminals[i]`` or ``truncations[i]`` is true (Parallel: the very next step; AEC: the
+  agent's next turn). Rewards an agent receives in between are added up and delivered there,
+  never lost; a row's reward is zero on every other step.
+- An agent's termination or truncation is reported once, on the step it happens, with its last
+  reward; its last observation is written to ``final_observations[i]`` and its row in
+  ``observations`` becomes zeros (the agent is gone). An agent that appears later (a spawn)
+  simply gets its row unmasked.
+- ``done`` is true after the step that ended the whole episode (no agent left to act); rewards
+  still pending then are delivered on that step. Emulated envs do not reset themselves
+  (``autoreset = False``): call ``reset`` (vector backends do it in the same step).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.emulated import Emulated, Group, group_agents
+from packrl.errors import EmulationError
+
+
+class _AgentRows:
+    """Buffers, layouts and per-row writers shared by the Parallel and AEC emulations."""
+
+    autoreset = False  # vector backends call reset() on the step `done` becomes true
+
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
+        self.env = env
+        self.possible_agents = tuple(env.possible_agents)
+        if len(set(self.possible_agents)) != len(self.possible_agents):
+            raise EmulationError(f"possible_agents has repeated names: {list(self.possible_agents)}")
+        if not self.possible_agents:
+            raise EmulationError("the env has no possible_agents: nothing to give rows to")
+        self.num_agents = len(self.possible_agents)
+        self._row = {agent: i for i, agent in enumerate(self.possible_agents)}
+        self.emulated: Emulated = group_agents(
+            self.possible_agents,
+            {a: env.observation_space(a) for a in self.possible_agents},
+            {a: env.action_space(a) for a in self.possible_agents},
+            round_floats=round_floats, action_mask_key=action_mask_key)
+        self._row_groups: tuple[Group, ...] = tuple(self.emulated.groups[g] for g in self.emulated.row_group)
+        self._discrete = tuple(_discrete_decoder(g) for g in self._row_groups)
+        first = self.emulated.groups[0].observation
+        self.passthrough = not self.emulated.heterogeneous and isinstance(first.space, spaces.Box)
+        if self.passthrough:
+            leaf = first.leaves[0]
+            self.single_observation_space = first.space
+            observations = np.zeros((self.num_agents, *leaf.shape), dtype=leaf.dtype)
+        else:
+            self.single_observation_space = spaces.Box(0, 255, (self.emulated.nbytes,), np.uint8)
+            observations = np.zeros((self.num_agents, self.emulated.nbytes), dtype=np.uint8)
+        self.single_action_space = _shared_action_space(self.emulated)
+        self._pending = np.zeros(self.num_agents, dtype=np.float64)
+        self.set_buffers(observations, np.zeros_like(observations), np.zeros(self.num_agents, np.float32),
+                         np.zeros(self.num_agents, bool), np.zeros(self.num_agents, bool),
+                         np.zeros(self.num_agents, bool))
+
+    # ------------------------------------------------------------ buffers
+
+    def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
+                    terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
+        """Write into rows owned by someone else (a vector backend's shared memory)."""
+        for name, buf in (("observations", observations), ("final_observations", final_observations)):
+            if buf.shape[0] != self.num_agents or buf.dtype != self.single_observation_space.dtype:
+                raise EmulationError(f"{name} buffer must be ({self.num_agents}, ...) "
+                                     f"{self.single_observation_space.dtype}, got {buf.shape} {buf.dtype}")
+        self.observations, self.final_observations = observations, final_observations
+        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
+        self._obs_writers = self._writers(observations)
+        self._final_writers = self._writers(final_observations)
+
+    def _writers(self, buf: np.ndarray) -> list:
+        """Per row, a function that checks one observation and writes it into that row."""
+        if self.passthrough:
+            codec = self.emulated.observation.root.codec
+            return [_box_writer(codec, buf, row) for row in range(self.num_agents)]
+        return [g.observation.bind(buf[row, : g.observation.nbytes]).pack for row, g in enumerate(self._row_groups)]
+
+    def _write(self, writers: list, row: int, obs: Any) -> None:
+        try:
+            writers[row](obs)
+        except EmulationError as err:
+            raise EmulationError(f"agent {self.possible_agents[row]!r}: observation does not fit its space: {err}") from None
+
+    def _clear(self) -> None:
+        self.observations[...] = 0
+        self.rewards[:] = 0.0
+        self.terminals[:] = False
+        self.truncations[:] = False
+        self.masks[:] = False
+        self._pending[:] = 0.0
+
+    # ------------------------------------------------------------ agents and actions
+
+    def row_of_reported(self, agent: Any) -> int:
+        """The row of an agent the env reported; EmulationError if it is not a possible agent."""
+        try:
+            return self._row[agent]
+        except (KeyError, TypeError):
+            raise EmulationError(f"the env reported agent {agent!r}, which is not in possible_agents "
+                                 f"{list(self.possible_agents)}") from None
+
+    def _decode(self, row: int, action: Any) -> Any:
+        """One row's policy-facing action -> the agent's native action (range checked)."""
+        fast = self._discrete[row]
+        if fast is not None and isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
+            n, start, dtype = fast
+            if 0 <= action < n:
+                return dtype.type(int(action) + start)
+            raise EmulationError(f"action {int(action)} for agent {self.possible_agents[row]!r} is outside "
+                                 f"its Discrete({n}) choices [0, {n - 1}]")
+        return self._row_groups[row].action.decode(action, who=f" (agent {self.possible_agents[row]!r})")
+
+    def _row_actions(self, actions: Any, rows: list[int]) -> dict:
+        """{agent: native action} for ``rows``, from a batch with a leading num_agents axis or from
+        a mapping {agent: action} that must name exactly the agents of ``rows``."""
+        if isinstance(actions, Mapping) and not _is_hybrid_batch(actions, self._row_groups):
+            wanted = {self.possible_agents[r] for r in rows}
+            for agent in actions:
+                if agent not in wanted:
+                    why = self._why_not_acting(agent) if agent in self._row else \
+                        f"not in possible_agents {list(self.possible_agents)}"
+                    raise EmulationError(f"action given for agent {agent!r}, which is {why}")
+            missing = [self.possible_agents[r] for r in rows if self.possible_agents[r] not in actions]
+            if missing:
+                raise EmulationError(f"no action given for agent(s) {missing}, which must act this step")
+            return {self.possible_agents[r]: self._decode(r, actions[self.possible_agents[r]]) for r in rows}
+        if isinstance(actions, Mapping):  # hybrid batch {"discrete": (rows, k), "continuous": (rows, m)}
+            for part, value in actions.items():
+                _check_length(value, self.num_agents, f"hybrid actions[{part!r}]")
+            return {self.possible_agents[r]: self._decode(r, {k: v[r] for k, v in actions.items()}) for r in rows}
+        _check_length(actions, self.num_agents, "actions")
+        return {self.possible_agents[r]: self._decode(r, actions[r]) for r in rows}
+
+    def _why_not_acting(self, agent: Any) -> str:
+        """Why a possible agent may not be given an action now (each emulation says it its way)."""
+        return "not acting this step"
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def agents(self) -> list:
+        """The env's current agents (PettingZoo's ``env.agents``)."""
+        return list(self.env.agents)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def unwrapped(self) -> Any:
+        return self.env.unwrapped
+
+
+class ParallelEmulation(_AgentRows):
+    """A PettingZoo ParallelEnv: every alive agent acts each step (module docstring: the rows)."""
+
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
+        super().__init__(env, round_floats, action_mask_key)
+        self._alive: list[int] = []  # rows of agents that act next step, in possible_agents order
+        self._ended = np.ones(self.num_agents, dtype=bool)  # row's agent ended (or never appeared)
+        self._done = True
+
+    @property
+    def done(self) -> bool:
+        """True after the step that ended the episode (no agent alive and none left to appear)."""
+        return self._done
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        obs, infos = self.env.reset(seed=seed, options=options)
+        self._clear()
+        self._ended[:] = True
+        for agent, value in obs.items():
+            row = self.row_of_reported(agent)
+            self._write(self._obs_writers, row, value)
+            self.masks[row] = True
+            self._ended[row] = False
+        self._alive = [int(r) for r in np.flatnonzero(self.masks)]
+        self._done = not self._alive and self._none_to_come()
+        return self.observations, infos
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        if self._done:
+            raise EmulationError("the episode is over (no agent alive): call reset() before step()")
+        native = self._row_actions(actions, self._alive)
+        obs, rewards, terminations, truncations, infos = self.env.step(native)
+        self._record(obs, rewards, terminations, truncations)
+        return self.observations, self.rewards, self.terminals, self.truncations, infos
+
+    def _record(self, obs: dict, rewards: dict, terminations: dict, truncations: dict) -> None:
+        self.terminals[:] = False
+        self.truncations[:] = False
+        pending = self._pending
+        for agent, reward in rewards.items():
+            pending[self.row_of_reported(agent)] += reward
+        was_alive = self.masks.copy()
+        self.masks[:] = False
+        for agent, value in obs.items():
+            row = self.row_of_reported(agent)
+            terminated, truncated = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
+            if terminated or truncated:
+                self._write(self._final_writers, row, value)
+                self.terminals[row], self.truncations[row] = terminated, truncated
+                self._ended[row] = True
+            else:
+                self._write(self._obs_writers, row, value)
+                self.masks[row] = True
+                self._ended[row] = False
+        self._check_ends_without_observation(obs, terminations, truncations, was_alive)
+        ended_now = was_alive & ~self.masks
+        if ended_now.any():
+            self.observations[ended_now] = 0  # gone agents' rows hold zeros, not stale data
+        self._alive = [int(r) for r in np.flatnonzero(self.masks)]
+        self._done = not self._alive and self._none_to_come()
+        deliver = slice(None) if self._done else (self.masks | self.terminals | self.truncations)
+        self.rewards[:] = 0.0
+        self.rewards[deliver] = pending[deliver]
+        pending[deliver] = 0.0
+
+    def _check_ends_without_observation(self, obs: dict, terminations: dict, truncations: dict,
+                                        was_alive: np.ndarray) -> None:
+        """Every agent alive before the step must come back with an observation (its final one if it
+        ended). Ends reported again for agents that already ended are repeats, not news."""
+        for flags in (terminations, truncations):
+            unknown = flags.keys() - self._row.keys()
+            if unknown:
+                self.row_of_reported(next(iter(unknown)))
+        for row in np.flatnonzero(was_alive & ~self.masks & ~self.terminals & ~self.truncations):
+            agent = self.possible_agents[row]
+            if terminations.get(agent, False) or truncations.get(agent, False):
+                raise EmulationError(f"the env ended agent {agent!r} without its final observation "
+                                     "(PettingZoo's parallel API returns it in the step's observations)")
+            raise EmulationError(f"agent {agent!r} was alive but the env returned neither an observation nor a "
+                                 "termination or truncation for it")
+
+    def _none_to_come(self) -> bool:
+        """No agent of env.agents is still waiting to appear."""
+        return all(self._ended[self.row_of_reported(a)] for a in self.env.agents)
+
+    def _why_not_acting(self, agent: Any) -> str:
+        return "not alive" if self._ended[self._row[agent]] else "not acting this step"
+
+
+class AECEmulation(_AgentRows):
+    """A PettingZoo AECEnv played natively, one turn per ``step``: only the acting agent's row is
+    unmasked, and its action is the one read. Agents that ended are stepped with ``None``
+    internally (PettingZoo's dead-agent steps) and report their end, final reward and final
+    observation on the step the game reaches them. Each agent's reward is what PettingZoo's
+    ``last()`` gives it on its turn: everything it received since its previous action."""
+
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
+        super().__init__(env, round_floats, action_mask_key)
+        self._acting: int | None = None
+
+    @property
+    def done(self) -> bool:
+        """True after the step that ended the game (no agent left in env.agents)."""
+        return self._acting is None
+
+    @property
+    def acting_agent(self) -> Any:
+        """The agent whose row is unmasked (None once the game is over)."""
+        return None if self._acting is None else self.possible_agents[self._acting]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        self.env.reset(seed=seed, options=options)
+        self._clear()
+        self._acting = None
+        infos = self._advance()
+        return self.observations, infos
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        row = self._acting
+        if row is None:
+            raise EmulationError("the game is over (no agent left to act): call reset() before step()")
+        native = self._row_actions(actions, [row])[self.possible_agents[row]]
+        self.env.step(native)
+        self.rewards[:] = 0.0
+        self.terminals[:] = False
+        self.truncations[:] = False
+        self.masks[row] = False
+        self.observations[row] = 0
+        infos = self._advance()
+        return self.observations, self.rewards, self.terminals, self.truncations, infos
+
+    def _advance(self) -> dict:
+        """Run the dead-agent turns until an agent must act (its row unmasked) or the game is over."""
+        env, infos = self.env, {}
+        self._acting = None
+        while env.agents:
+            agent = env.agent_selection
+            row = self.row_of_reported(agent)
+            terminated, truncated = bool(env.terminations[agent]), bool(env.truncations[agent])
+            obs, reward, _, _, info = env.last()
+            self.rewards[row] += reward
+            infos[agent] = info
+            if terminated or truncated:
+                self._write(self._final_writers, row, obs)
+                self.terminals[row] |= terminated
+                self.truncations[row] |= truncated
+                env.step(None)
+                continue
+            self._write(self._obs_writers, row, obs)
+            self.masks[row] = True
+            self._acting = row
+            break
+        return infos
+
+    def _why_not_acting(self, agent: Any) -> str:
+        return f"not the acting agent (that is {self.acting_agent!r})"
+
+
+# ---------------------------------------------------------------- helpers
+
+def _box_writer(codec: Any, buf: np.ndarray, row: int) -> Any:
+    def write(obs: Any) -> None:
+        buf[row] = codec.check(obs, ())[0]
+    return write
+
+
+def _discrete_decoder(group: Group) -> tuple | None:
+    """(n, start, dtype) of a plain Discrete action space, for the per-step fast path."""
+    action = group.action
+    if action.kind != "discrete":
+        return None
+    part = action.discrete_parts[0]
+    return int(part.nvec), int(part.start), np.dtype(part.dtype)
+
+
+def _shared_action_space(emulated: Emulated) -> spaces.Space:
+    """One action space for all rows. Equal groups share theirs; Discrete groups of different sizes
+    get Discrete(largest n) and MultiDiscrete groups with the same number of branches get the
+    largest choice count per branch: every agent can receive every one of its own actions, and a
+    choice beyond an agent's own range is refused naming the agent (``emulated.action_for(agent)``
+    gives each row's exact space, for per-group heads). Other mixes keep the first group's space
+    and take actions as a list with one policy-facing action per row."""
+    policy = [g.action.policy_space for g in emulated.groups]
+    if all(p == policy[0] for p in policy):
+        return policy[0]
+    kinds = {g.action.kind for g in emulated.groups}
+    if kinds == {"discrete"}:
+        return spaces.Discrete(max(int(g.action.nvec[0]) for g in emulated.groups))
+    if kinds == {"multidiscrete"} and len({g.action.num_discrete for g in emulated.groups}) == 1:
+        return spaces.MultiDiscrete(np.max([g.action.nvec for g in emulated.groups], axis=0))
+    return policy[0]
+
+
+def _is_hybrid_batch(actions: Mapping, groups: tuple) -> bool:
+    return set(actions) == {"discrete", "continuous"} and any(g.action.kind == "hybrid" for g in groups)
+
+
+def _check_length(actions: Any, num_agents: int, what: str) -> None:
+    try:
+        length = len(actions)
+    except TypeError:
+        raise EmulationError(f"{what} must have a leading axis of {num_agents} rows (one per possible agent), "
+                             f"got {type(actions).__name__}") from None
+    if length != num_agents:
+        shape = getattr(actions, "shape", (length,))
+        raise EmulationError(f"{what} has {length} rows (shape {tuple(shape)}), expected {num_agents}: "
+                             "one per possible agent")
