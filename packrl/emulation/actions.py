@@ -160,6 +160,8 @@ class ActionLayout:
         """Policy-facing action -> native action, with ``start`` restored and each leaf's own dtype.
         Out-of-range choices or out-of-bounds continuous values raise EmulationError (``who`` names
         the agent or env in the message)."""
+        if self.kind == "discrete" and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            return self._decode_choice(int(action), who)
         disc, cont = self._split(action, who)
         leaf_values: dict[tuple, Any] = {}
         for part in self.discrete_parts:
@@ -178,6 +180,13 @@ class ActionLayout:
                            f"is outside the Box bounds [{part.low.min()}, {part.high.max()}] or not a number{who}")
             leaf_values[part.path] = value.astype(part.dtype)
         return _rebuild(self.layout.root, leaf_values, ())
+
+    def _decode_choice(self, choice: int, who: str) -> Any:
+        part = self.discrete_parts[0]
+        n = int(part.nvec)
+        if not 0 <= choice < n:
+            raise EmulationError(f"action {choice} is not a valid choice in [0, {n}){who}")
+        return part.dtype.type(choice + int(part.start))
 
     def _split(self, action: Any, who: str) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "hybrid":

@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.values import (
+    any_outside,
     exact_array,
     format_path,
     refuse_outside,
@@ -159,9 +160,11 @@ class BoxCodec(LeafCodec):
         self.bounded = False
         if self.dtype.kind in "iu":
             info = np.iinfo(self.dtype)
-            self.low = np.asarray(space.low)
-            self.high = np.asarray(space.high)
+            self.low, self.high = np.asarray(space.low), np.asarray(space.high)
             self.bounded = bool(np.any(self.low > info.min) or np.any(self.high < info.max))
+            uniform = self.low.size and np.all(self.low == self.low.flat[0]) and np.all(self.high == self.high.flat[0])
+            # uniform bounds are checked in one compiled pass instead of two elementwise compares
+            self.uniform_bounds = (self.low.flat[0], self.high.flat[0]) if uniform else None
 
     def spec(self) -> dict:
         spec = {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
@@ -177,11 +180,19 @@ class BoxCodec(LeafCodec):
         return cls(spaces.Box(low=low, high=high, shape=shape, dtype=dtype), spec.get("round_floats", False))
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
-        arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
-        if self.bounded and arr.size:
+        if type(value) is np.ndarray and value.dtype == self.dtype and value.shape == batch + self.shape:
+            arr = value
+        else:
+            arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
+        if self.bounded and arr.size and not self._within_bounds(arr):
             bad = (arr < self.low) | (arr > self.high)
             refuse_outside(bad, arr, path, f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]")
         return (arr,)
+
+    def _within_bounds(self, arr: np.ndarray) -> bool:
+        if self.uniform_bounds is not None:
+            return not any_outside(arr, *self.uniform_bounds)
+        return not (np.any(arr < self.low) or np.any(arr > self.high))
 
 
 # ---------------------------------------------------------------- Discrete

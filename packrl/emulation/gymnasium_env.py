@@ -104,6 +104,8 @@ def _single(actions: Any, kind: str) -> Any:
         if not isinstance(actions, dict):
             raise EmulationError(f"hybrid action must be a dict with 'discrete' and 'continuous', got {actions!r}")
         return {k: np.asarray(v)[0] if np.ndim(v) == 2 else v for k, v in actions.items()}
+    if kind == "discrete" and isinstance(actions, (int, np.integer)):
+        return actions
     arr = np.asarray(actions)
     if kind == "discrete":
         if arr.size != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -53,6 +54,10 @@ class LeafNode:
 class DictNode:
     keys: tuple
     children: tuple
+
+    @property
+    def keyset(self) -> frozenset:
+        return self.__dict__.get("_keyset") or self.__dict__.setdefault("_keyset", frozenset(self.keys))
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class Layout:
         # plain (start, end, dtype name, shape) per leaf: constants that compiled code can read
         self.spans = tuple((leaf.offset, leaf.offset + leaf.nbytes, leaf.dtype.name, leaf.shape) for leaf in leaves)
         self._key = json.dumps(self.to_dict(), sort_keys=True)
+        self._last_views: tuple = (None, None)  # (weakref to a buffer, its leaf views): reused when packed again
 
     @classmethod
     def from_space(cls, space: spaces.Space, round_floats: bool = False) -> "Layout":
@@ -162,7 +168,8 @@ class Layout:
             for leaf_id, arr in zip(node.leaf_ids, arrays):
                 views[leaf_id][...] = arr
         elif type(node) is DictNode:
-            self._check_keys(node, value, path)
+            if not isinstance(value, dict) or value.keys() != node.keyset:
+                self._check_keys(node, value, path)
             for key, child in zip(node.keys, node.children):
                 self._write(child, value[key], views, path + (key,), batch)
         else:
@@ -237,6 +244,15 @@ class Layout:
         return _to_native(self.root, unpacked)
 
     def _views(self, buf: Any, batch: tuple) -> list:
+        ref, views = self._last_views
+        if ref is not None and ref() is buf:
+            return views
+        views = self._make_views(buf, batch)
+        if isinstance(buf, np.ndarray):
+            self._last_views = (weakref.ref(buf), views)
+        return views
+
+    def _make_views(self, buf: Any, batch: tuple) -> list:
         views = []
         for leaf in self.leaves:
             raw = buf[..., leaf.offset: leaf.offset + leaf.nbytes]
@@ -280,6 +296,11 @@ class Layout:
     def from_json(cls, text: str) -> "Layout":
         return cls.from_dict(json.loads(text))
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_last_views"] = (None, None)  # a cache of views into one buffer does not travel
+        return state
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self._key == other._key
 
@@ -308,7 +329,7 @@ class BoundRows:
         layout._check_buffer(rows, batch_ndim=None)
         self.layout, self.rows = layout, rows
         self.batch = rows.shape[:-1]
-        self.views = layout._views(rows, self.batch)
+        self.views = layout._make_views(rows, self.batch)
         self.tree = layout.unflatten(self.views)
 
     def pack(self, sample: Any) -> None:

@@ -9,9 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from packrl.errors import EmulationError
+
+
+@numba.njit(cache=True, nogil=True)
+def _any_outside(flat: np.ndarray, low: float, high: float) -> bool:
+    bad = False
+    for x in flat:
+        bad |= (x < low) | (x > high)
+    return bad
+
+
+def any_outside(arr: np.ndarray, low: int, high: int) -> bool:
+    """True when some element lies outside [low, high]: one compiled pass, far cheaper than numpy's
+    min and max reductions on the small arrays observations are made of."""
+    flat = arr.reshape(-1)
+    return bool(_any_outside(flat, flat.dtype.type(low), flat.dtype.type(high)))
 
 
 def format_path(path: tuple) -> str:

@@ -1,0 +1,62 @@
+"""Shared benchmark helpers: the machine line, medians over repeats, a rich table."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+SHARED_TOOLS = Path(__file__).resolve().parents[2] / "shared" / "tools"
+
+
+def machine_line(extra: tuple[str, ...] = ()) -> str:
+    """The shared tools' machine line when present (it is in CI and on the team's machines), else our own."""
+    packages = ("packrl", "numpy", "torch", "gymnasium", "pettingzoo", "numba") + tuple(extra)
+    if (SHARED_TOOLS / "machine_line.py").exists():
+        sys.path.insert(0, str(SHARED_TOOLS))
+        from machine_line import machine_line as shared
+
+        return shared(packages)
+    versions = []
+    for name in packages:
+        try:
+            versions.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} cpus ({platform.machine()}), load {load:.2f}, Python {platform.python_version()}, " + ", ".join(versions)
+
+
+def per_call_us(fn: Callable[[], object], repeats: int = 7, min_time: float = 0.05) -> tuple[float, float]:
+    """Median and spread (max-min) in microseconds per call, over ``repeats`` timed batches."""
+    n = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - start >= min_time:
+            break
+        n *= 2
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples), max(samples) - min(samples)
+
+
+def print_table(title: str, columns: list[str], rows: list[list[object]]) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right" if col != columns[0] else "left")
+    for row in rows:
+        table.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
+    Console(width=160).print(table)

@@ -1,0 +1,165 @@
+"""Per-sample pack + unpack, side by side: gymnasium flatten/unflatten, a structured-dtype writer
+(the older byte-packing libraries' approach), packrl, and np.copyto of the same bytes (the floor).
+Also the emulate wrapper's added cost per env.step, and the bytes torch nativize copies.
+
+    .venv/bin/python benchmarks/emulation.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.spaces import utils as gym_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_line, per_call_us, print_table  # noqa: E402
+
+from packrl.emulation import Layout, emulate  # noqa: E402
+from packrl.nativize import nativize  # noqa: E402
+
+MINIGRID = spaces.Dict({
+    "image": spaces.Box(0, 255, (7, 7, 3), np.uint8),
+    "direction": spaces.Discrete(4),
+})
+NETHACK = spaces.Dict({
+    "glyphs": spaces.Box(0, 5976, (21, 79), np.int16),
+    "chars": spaces.Box(0, 255, (21, 79), np.uint8),
+    "colors": spaces.Box(0, 15, (21, 79), np.uint8),
+    "specials": spaces.Box(0, 255, (21, 79), np.uint8),
+    "blstats": spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (27,), np.int64),
+    "message": spaces.Box(0, 255, (256,), np.uint8),
+    "inv_glyphs": spaces.Box(0, 5976, (55,), np.int16),
+    "inv_letters": spaces.Box(0, 127, (55,), np.uint8),
+    "inv_oclasses": spaces.Box(0, 18, (55,), np.uint8),
+    "tty_chars": spaces.Box(0, 255, (24, 80), np.uint8),
+})
+ATARI = spaces.Dict({
+    "frame": spaces.Box(0, 255, (84, 84, 4), np.uint8),
+    "vector": spaces.Box(-np.inf, np.inf, (8,), np.float32),
+})
+
+
+# ---------------------------------------------------------------- the older approach
+
+def structured_dtype(space: spaces.Space) -> np.dtype:
+    """A numpy structured dtype mirroring a Dict space (how older byte-packing libraries lay rows out)."""
+    fields = []
+    for key, sub in space.spaces.items():
+        if isinstance(sub, spaces.Dict):
+            fields.append((key, structured_dtype(sub)))
+        elif isinstance(sub, spaces.Discrete):
+            fields.append((key, np.int32, ()))
+        else:
+            fields.append((key, sub.dtype, sub.shape))
+    return np.dtype(fields)
+
+
+def structured_write(view: np.ndarray, sample: dict) -> None:
+    for key, value in sample.items():
+        if isinstance(value, dict):
+            structured_write(view[key], value)
+        else:
+            view[key] = value
+
+
+def structured_read(view: np.ndarray) -> dict:
+    return {k: structured_read(view[k]) if view.dtype[k].names else view[k] for k in view.dtype.names}
+
+
+# ---------------------------------------------------------------- cases
+
+def pack_unpack_rows(name: str, space: spaces.Space) -> list:
+    space.seed(0)
+    sample = space.sample()
+    layout = Layout.from_space(space)
+    row = np.zeros(layout.nbytes, np.uint8)
+    bound = layout.bind(row)
+    sdt = structured_dtype(space)
+    sbuf = np.zeros(sdt.itemsize, np.uint8)
+    sview = sbuf.view(sdt)[0:1].reshape(())
+    src, dst = layout.pack(sample), np.zeros(layout.nbytes, np.uint8)
+
+    def gym_round():
+        return gym_utils.unflatten(space, gym_utils.flatten(space, sample))
+
+    def struct_round():
+        structured_write(sview, sample)
+        return structured_read(sview)
+
+    def packrl_round():
+        layout.pack(sample, out=row)
+        return layout.unpack(row)
+
+    def packrl_bound():
+        bound.pack(sample)
+        return bound.tree
+
+    results = {
+        "gymnasium flatten+unflatten": per_call_us(gym_round),
+        "structured-dtype writer": per_call_us(struct_round),
+        "packrl pack+unpack": per_call_us(packrl_round),
+        "packrl bound rows (emulate)": per_call_us(packrl_bound),
+        "np.copyto floor": per_call_us(lambda: np.copyto(dst, src)),
+    }
+    gym_t = results["gymnasium flatten+unflatten"][0]
+    struct_t = results["structured-dtype writer"][0]
+    floor = results["np.copyto floor"][0]
+    return [[f"{name} ({layout.nbytes} B)", method, med, spread, gym_t / med, med / struct_t, med / floor]
+            for method, (med, spread) in results.items()]
+
+
+class NetHackLike(gym.Env):
+    """Returns a fixed NetHack-like observation: the env costs nearly nothing, so the wrapper's cost shows."""
+
+    observation_space = NETHACK
+    action_space = spaces.Discrete(8)
+
+    def __init__(self):
+        self.observation_space.seed(0)
+        self.obs = self.observation_space.sample()
+
+    def reset(self, seed=None, options=None):
+        return self.obs, {}
+
+    def step(self, action):
+        return self.obs, 0.0, False, False, {}
+
+
+def wrapper_rows() -> list:
+    raw, env = NetHackLike(), emulate(NetHackLike())
+    raw.reset()
+    env.reset()
+    action = np.array([3])
+    raw_t = per_call_us(lambda: raw.step(3))
+    wrapped_t = per_call_us(lambda: env.step(action))
+    return [["raw env.step", raw_t[0], raw_t[1], 0.0], ["emulate(env).step", wrapped_t[0], wrapped_t[1], wrapped_t[0] - raw_t[0]]]
+
+
+def nativize_copies() -> int:
+    layout = Layout.from_space(NETHACK)
+    NETHACK.seed(0)
+    rows = torch.from_numpy(layout.pack_batch([NETHACK.sample() for _ in range(64)]))
+    before = rows.untyped_storage().data_ptr()
+    views = nativize(rows, layout)
+    copied = sum(v.numel() * v.element_size() for v in views.values() if v.untyped_storage().data_ptr() != before)
+    return copied
+
+
+def main() -> None:
+    print(machine_line())
+    rows = []
+    for name, space in [("(a) MiniGrid-like", MINIGRID), ("(b) NetHack-like", NETHACK), ("(c) Atari-like", ATARI)]:
+        rows += pack_unpack_rows(name, space)
+    print_table("pack + unpack per sample (µs, median of 7)",
+                ["case", "method", "median µs", "spread µs", "gymnasium / this", "this / structured", "this / copy floor"], rows)
+    print_table("emulate wrapper cost per step on (b) NetHack-like (µs, median of 7)",
+                ["", "median µs", "spread µs", "added µs"], wrapper_rows())
+    print(f"torch nativize of 64 NetHack-like rows copied {nativize_copies()} bytes")
+
+
+if __name__ == "__main__":
+    main()
