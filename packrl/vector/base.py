@@ -128,6 +128,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         """Rows of a batch of envs: a slice when they are consecutive (views, no copy)."""
         a = self.agents_per_env
         first, count = int(env_ids[0]), len(env_ids)
+        if count == self.num_envs:
+            return slice(None)
         if env_ids[-1] - first == count - 1 and (count == 1 or bool(np.all(np.diff(env_ids) == 1))):
             return slice(first * a, (first + count) * a)
         return (env_ids[:, None] * a + np.arange(a)).reshape(-1)

@@ -1,0 +1,208 @@
+"""Vector backends: episode ends, seeding, serial == multiprocessing byte for byte, async batches,
+action checks and gymnasium interop, on real gymnasium / PettingZoo envs and real processes."""
+import functools
+import time
+
+import gymnasium
+import numpy as np
+import pytest
+
+from packrl import EmulationError, vector
+from packrl.emulation import Layout
+from packrl.vector.testing import ScriptedEnv, StructuredEnv
+
+STEPS = 24
+
+
+def run(venv, actions):
+    """Reset then step with each action batch; return copies of every array after each call."""
+    out = []
+    obs, infos = venv.reset(seed=7)
+    out.append((obs.copy(), None, None, None, None, infos))
+    for a in actions:
+        obs, rew, term, trunc, infos = venv.step(a)
+        out.append((obs.copy(), rew.copy(), term.copy(), trunc.copy(), venv.final_observations.copy(), infos))
+    return out
+
+
+def random_actions(n, steps=STEPS, seed=0, high=3):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, high, n) for _ in range(steps)]
+
+
+def test_serial_matches_the_raw_envs_looped_by_hand():
+    n = 3
+    actions = random_actions(n)
+    got = run(vector.make(ScriptedEnv, n), actions)
+    layout = Layout.from_space(ScriptedEnv().observation_space)
+    envs = [ScriptedEnv() for _ in range(n)]
+    first = [env.reset(seed=7 + i)[0] for i, env in enumerate(envs)]
+    np.testing.assert_array_equal(got[0][0], layout.pack_batch(first))
+    ends = 0
+    for t, a in enumerate(actions):
+        obs, rew, term, trunc, final, _ = got[t + 1]
+        for i, env in enumerate(envs):
+            o, r, te, tr, _ = env.step(a[i])
+            assert (rew[i], term[i], trunc[i]) == (np.float32(r), te, tr)
+            if te or tr:
+                ends += 1
+                np.testing.assert_array_equal(final[i], layout.pack(o))  # the ended episode's last observation
+                o, _ = env.reset()
+            np.testing.assert_array_equal(obs[i], layout.pack(o))  # the next episode's first one after an end
+    assert ends >= 2 * n  # the script ends episodes by termination and by truncation
+
+
+def test_episode_end_step_is_visible_with_final_reward_and_flags():
+    venv = vector.make(ScriptedEnv, 1)
+    obs, _ = venv.reset(seed=1)  # episode 0 lasts 3 + 1 % 4 = 4 steps and terminates
+    view = Layout.from_space(ScriptedEnv().observation_space).unpack
+    for t in range(1, 5):
+        obs, rew, term, trunc, _ = venv.step(np.array([2]))
+    assert (rew[0], term[0], trunc[0]) == (np.float32(4.2), True, False)
+    assert view(venv.final_observations[0])["t"] == 4 and view(venv.final_observations[0])["episode"] == 0
+    assert view(obs[0])["t"] == 0 and view(obs[0])["episode"] == 1
+    for t in range(5):  # episode 1 lasts 3 + 2 % 4 = 5 steps and truncates
+        obs, rew, term, trunc, _ = venv.step(np.array([0]))
+    assert (term[0], trunc[0]) == (False, True) and view(obs[0])["episode"] == 2
+
+
+def test_same_seed_same_bytes_and_seed_plus_i():
+    actions = random_actions(4)
+    a, b = run(vector.make(ScriptedEnv, 4), actions), run(vector.make(ScriptedEnv, 4), actions)
+    for x, y in zip(a, b):
+        for u, v in zip(x[:5], y[:5]):
+            np.testing.assert_array_equal(u, v)
+    venv = vector.make(ScriptedEnv, 4)
+    obs, _ = venv.reset(seed=100)
+    seeds = Layout.from_space(ScriptedEnv().observation_space).unpack(obs)["seed"]
+    np.testing.assert_array_equal(seeds, [100, 101, 102, 103])
+
+
+def assert_same_runs(a, b):
+    for step, (x, y) in enumerate(zip(a, b)):
+        for name, u, v in zip(("obs", "rew", "term", "trunc", "final"), x[:5], y[:5]):
+            if u is not None:
+                assert u.tobytes() == v.tobytes(), f"{name} differs at step {step}"
+        assert x[5] == y[5]
+
+
+@pytest.mark.parametrize("creator, high", [
+    (ScriptedEnv, 3),
+    (functools.partial(gymnasium.make, "CartPole-v1"), 2),
+    (StructuredEnv, 4),
+])
+def test_multiprocessing_equals_serial_byte_for_byte(creator, high):
+    actions = random_actions(4, high=high)
+    serial = run(vector.make(creator, 4, seed=3), actions)
+    with vector.make(creator, 4, backend="multiprocessing", num_workers=2, seed=3, context="fork") as venv:
+        assert_same_runs(serial, run(venv, actions))
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_start_methods(context):
+    actions = random_actions(2, steps=8)
+    serial = run(vector.make(lambda: ScriptedEnv(), 2), actions)  # a lambda: creators are cloudpickled
+    with vector.make(lambda: ScriptedEnv(), 2, backend="multiprocessing", num_workers=2, context=context) as venv:
+        assert venv.context == context
+        assert_same_runs(serial, run(venv, actions))
+
+
+def test_multi_agent_pettingzoo_rows_serial_equals_multiprocessing():
+    from mpe2 import simple_spread_v3
+
+    creator = functools.partial(simple_spread_v3.parallel_env, N=2, max_cycles=5)
+    actions = random_actions(2 * 3, steps=12, high=5)
+    serial_env = vector.make(creator, 3)
+    assert serial_env.agents_per_env == 2 and serial_env.observations.shape == (6, serial_env.observations.shape[1])
+    serial = run(serial_env, actions)
+    assert any(x[3] is not None and x[3].all() for x in serial)  # max_cycles truncates every agent
+    with vector.make(creator, 3, backend="multiprocessing", num_workers=3, context="fork") as venv:
+        assert_same_runs(serial, run(venv, actions))
+        assert venv.masks.shape == (6,)
+
+
+class JitteryEnv(ScriptedEnv):
+    """ScriptedEnv whose steps take a random 0-3 ms, so workers finish in a random order."""
+
+    def step(self, action):
+        time.sleep(self.np_random.random() * 3e-3)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("backend", ["serial", "multiprocessing"])
+def test_async_batches_bookkeeping(backend):
+    n, batch = 6, 2
+    kw = {"num_workers": 3, "context": "fork"} if backend == "multiprocessing" else {}
+    venv = vector.make(JitteryEnv, n, backend=backend, batch_size=batch, seed=11, **kw)
+    layout = Layout.from_space(ScriptedEnv().observation_space)
+    # Reference: each env alone; the action an env gets depends only on (env id, its step count).
+    refs = [JitteryEnv() for _ in range(n)]
+    ref_obs = [layout.pack(env.reset(seed=11 + i)[0]) for i, env in enumerate(refs)]
+    steps = np.zeros(n, int)
+    venv.async_reset()
+    with pytest.raises(EmulationError, match="send\\(\\) without recv"):
+        venv.send(np.zeros(batch, np.int64))
+    seen = []
+    for _ in range(40):
+        b = venv.recv()
+        assert b.observations.shape[0] == batch and len(b.env_ids) == batch and len(b.infos) == batch
+        for row, e in enumerate(b.env_ids):
+            np.testing.assert_array_equal(b.observations[row], ref_obs[e])
+        seen += b.env_ids.tolist()
+        actions = np.array([(e * 7 + steps[e]) % 3 for e in b.env_ids])
+        venv.send(actions)
+        for e, a in zip(b.env_ids, actions):
+            steps[e] += 1
+            o, r, te, tr, _ = refs[e].step(a)
+            if te or tr:
+                o, _ = refs[e].reset()
+            ref_obs[e] = layout.pack(o)
+    assert set(seen) == set(range(n))
+    venv.close()
+
+
+def test_bad_actions_refused_before_reaching_envs():
+    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="fork")
+    obs, _ = venv.reset()
+    before = obs.copy()
+    bad = {
+        "shape": (np.zeros(3, np.int64), "shape \\(3,\\)"),
+        "dtype": (np.zeros(4, np.float32), "dtype float32"),
+        "range": (np.array([0, 1, 3, 0]), "row 2 \\(env 2, agent 0\\)"),
+        "negative": (np.array([0, -1, 0, 0]), "row 1"),
+    }
+    for name, (action, message) in bad.items():
+        with pytest.raises(EmulationError, match=message):
+            venv.step(action)
+        np.testing.assert_array_equal(venv.observations, before)  # no env stepped
+    venv.step(np.array([0, 1, 2, 0]))
+    assert not np.array_equal(venv.observations, before)
+    venv.close()
+
+
+def test_gymnasium_vector_env_interop():
+    venv = vector.make(functools.partial(gymnasium.make, "CartPole-v1"), 4)
+    assert isinstance(venv, gymnasium.vector.VectorEnv)
+    assert venv.num_envs == 4 and venv.single_observation_space.shape == (4,)
+    assert venv.observation_space.shape == (4, 4) and venv.action_space.shape == (4,)
+    obs, infos = venv.reset(seed=0)
+    assert venv.observation_space.contains(obs)
+    for _ in range(30):
+        obs, rew, term, trunc, infos = venv.step(venv.action_space.sample())
+        assert obs.shape == (4, 4) and rew.dtype == np.float32 and term.dtype == bool
+    venv.close()
+    assert venv.closed
+
+
+def test_make_refuses_bad_configurations():
+    with pytest.raises(EmulationError, match="must divide"):
+        vector.make(ScriptedEnv, 5, backend="multiprocessing", num_workers=2)
+    with pytest.raises(EmulationError, match="batch_size=3"):
+        vector.make(ScriptedEnv, 4, batch_size=3)
+    with pytest.raises(EmulationError, match="not implemented"):
+        vector.make(ScriptedEnv, 4, backend="ray")
+    with pytest.raises(EmulationError, match="unknown backend"):
+        vector.make(ScriptedEnv, 4, backend="threads")
+    venv = vector.make(ScriptedEnv, 4, batch_size=2)
+    with pytest.raises(EmulationError, match="async_reset"):
+        venv.reset()
