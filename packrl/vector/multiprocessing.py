@@ -90,6 +90,7 @@ class Multiprocessing(VectorEnv):
         self.num_workers, self.envs_per_worker = num_workers, per_worker
         self.context = ctx.get_start_method()
         self._control, self._status = arrays["control"], arrays["status"]
+        self._segment_name = shm.name
         self._main_spin_s = main_spin_s
         self._done = ctx.Semaphore(0)
         self._wake = [ctx.Semaphore(0) for _ in range(num_workers)]
@@ -125,6 +126,13 @@ class Multiprocessing(VectorEnv):
     @property
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+    @property
+    def shared_names(self) -> list[str]:
+        """Names this env created in /dev/shm (the segment, and semaphores under spawn/forkserver);
+        all are removed by the time ``close`` returns (the segment right after start-up)."""
+        sems = [s._semlock.name for s in [self._done, *self._wake] if s is not None and s._semlock.name]
+        return [self._segment_name] + ["sem." + n.lstrip("/") for n in sems]
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env (env i with ``seed + i``); collect the batches with ``recv``."""
@@ -169,6 +177,8 @@ class Multiprocessing(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self._finalizer()
+        # Named semaphores (spawn, forkserver) leave /dev/shm when their last reference goes.
+        self._done = None
 
     # ------------------------------------------------------------ commands and replies
 
@@ -269,6 +279,8 @@ def default_context() -> str:
 def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: list) -> None:
     """Stop the workers (politely, then by force), reap them, release the segment. Runs once:
     from close(), garbage collection or interpreter exit."""
+    shm.unlink()  # normally done once the workers attached; this covers a failed start
+    procs[:] = [proc for proc in procs if proc.pid is not None]  # a failed start leaves some unstarted
     for w, proc in enumerate(procs):
         if proc.is_alive():
             control[w, 0] = Command.CLOSE
@@ -283,7 +295,6 @@ def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: lis
     for conn in conns:
         conn.close()
     wake.clear()
-    shm.unlink()  # normally done once the workers attached; this covers a failed start
 
 
 # ---------------------------------------------------------------- worker side

@@ -1,0 +1,135 @@
+"""Faults in the multiprocessing backend: env errors, killed workers, and cleanup of processes
+and /dev/shm on close(), garbage collection and interpreter exit."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packrl import EnvError, vector
+from packrl.vector.testing import ScriptedEnv
+
+SHM = Path("/dev/shm")
+
+
+def alive(pid):
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def our_names(venv):
+    return venv.shared_names
+
+
+def assert_clean(pids, names):
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)], "worker processes survived"
+    present = {p.name for p in SHM.iterdir()}
+    assert not [n for n in names if n in present], "shared memory left in /dev/shm"
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_env_error_names_worker_env_and_traceback_quickly(context):
+    # 4 envs on 2 workers; every env's creator is the same, the failing env is chosen by its seed.
+    venv = vector.make(SeededFailure, 4, backend="multiprocessing", num_workers=2, context=context)
+    names, pids = our_names(venv), venv.worker_pids
+    venv.reset(seed=0)
+    start = time.monotonic()
+    with pytest.raises(EnvError) as err:
+        for _ in range(5):
+            venv.step(np.zeros(4, np.int64))
+    assert time.monotonic() - start < 1.0
+    text = str(err.value)
+    assert "worker 1" in text and "env 3" in text and "scripted failure at step 3" in text and "Traceback" in text
+    with pytest.raises(EnvError, match="failed earlier"):
+        venv.step(np.zeros(4, np.int64))
+    venv.close()
+    assert_clean(pids, names)
+
+
+class SeededFailure(ScriptedEnv):
+    """Env 3 (seeded 3 on the first reset) raises on its third step."""
+
+    def reset(self, seed=None, options=None):
+        if seed == 3:
+            self.fail_at = 3
+        return super().reset(seed=seed, options=options)
+
+
+def test_serial_env_error_names_env_and_traceback():
+    venv = vector.make(SeededFailure, 4)
+    venv.reset(seed=0)
+    with pytest.raises(EnvError, match="(?s)env 3 raised.*scripted failure"):
+        for _ in range(5):
+            venv.step(np.zeros(4, np.int64))
+
+
+def test_failing_creator_is_reported_and_cleaned_up():
+    def creator():
+        import os
+        if os.getpid() != parent:
+            raise ValueError("cannot build this env here")
+        return ScriptedEnv()
+
+    parent = os.getpid()
+    before = {p.name for p in SHM.iterdir() if p.name.startswith("packrl_")}
+    with pytest.raises(EnvError, match="(?s)worker 0.*env 0 raised.*cannot build this env here"):
+        vector.make(creator, 2, backend="multiprocessing", num_workers=2, context="fork")
+    after = {p.name for p in SHM.iterdir() if p.name.startswith("packrl_")}
+    assert after <= before
+
+
+def test_sigkilled_worker_is_detected():
+    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="fork")
+    names, pids = our_names(venv), venv.worker_pids
+    venv.reset()
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(EnvError, match="worker 1 .*envs 2..3.* killed by SIGKILL"):
+        for _ in range(10):
+            venv.step(np.zeros(4, np.int64))
+    assert time.monotonic() - start < 1.0
+    venv.close()
+    assert_clean(pids, names)
+
+
+def test_close_and_garbage_collection_leave_nothing():
+    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="spawn")
+    names, pids = our_names(venv), venv.worker_pids
+    obs, _ = venv.reset()
+    assert all(alive(p) for p in pids)
+    del venv
+    gc.collect()
+    assert_clean(pids, names)
+    np.asarray(obs).sum()  # the user's views stay readable after the segment is gone
+
+
+def test_interpreter_exit_without_close_leaves_nothing():
+    script = textwrap.dedent("""
+        import numpy as np
+        from packrl import vector
+        from packrl.vector.testing import ScriptedEnv
+        if __name__ == "__main__":
+            venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="spawn")
+            venv.reset()
+            venv.step(np.zeros(4, np.int64))
+            names = venv.shared_names
+            print(" ".join(map(str, venv.worker_pids)), "|", " ".join(names), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pids, names = out.stdout.strip().split("|")
+    assert "Traceback" not in out.stderr and "leaked" not in out.stderr, out.stderr
+    assert_clean([int(p) for p in pids.split()], names.split())
