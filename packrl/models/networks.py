@@ -48,30 +48,46 @@ class MLP(nn.Module):
         return self.net(x), state
 
 
-class LSTM(nn.Module):
-    """One LSTM layer. Without ``done`` a sequence runs through the fused ``nn.LSTM``; with it, the
-    same weights run step by step (the input projection done once for all T) so states reset
-    exactly where episodes start."""
+class _Recurrent(nn.Module):
+    """Shared parts of LSTM and GRU: PyTorch's parameter shapes and gate order (``gates`` gates),
+    orthogonal weights, zero biases. The parameters are plain (no ``nn.LSTM`` module) because
+    Dynamo refuses to trace RNN modules; the fused kernel is still used in eager mode for
+    sequences without resets (``torch._VF``, what ``nn.LSTM`` calls; Inductor cannot compile it)."""
+
+    gates = 1
 
     def __init__(self, input_size: int, hidden_size: int = 128):
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.lstm = nn.LSTM(input_size, hidden_size, batch_first=True)
-        for name, param in self.lstm.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
+        width = self.gates * hidden_size
+        self.weight_ih = nn.Parameter(nn.init.orthogonal_(torch.empty(width, input_size)))
+        self.weight_hh = nn.Parameter(nn.init.orthogonal_(torch.empty(width, hidden_size)))
+        self.bias_ih = nn.Parameter(torch.zeros(width))
+        self.bias_hh = nn.Parameter(torch.zeros(width))
+
+    @property
+    def _params(self) -> list[torch.Tensor]:
+        return [self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh]
+
+    def _fused(self, done: torch.Tensor | None) -> bool:
+        return done is None and not torch.compiler.is_compiling()
+
+
+class LSTM(_Recurrent):
+    """One LSTM layer. Sequences with ``done`` run the cell step by step (the input projection done
+    once for all T), so states reset exactly where episodes start."""
+
+    gates = 4
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
         zeros = torch.zeros(batch_size, self.hidden_size, device=device)
         return (zeros, zeros.clone())
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.lstm.weight_ih_l0.T + self.lstm.bias_ih_l0 + self.lstm.bias_hh_l0
+        return x @ self.weight_ih.T + self.bias_ih + self.bias_hh
 
     def _cell(self, gates_x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        i, f, g, o = (gates_x + h @ self.lstm.weight_hh_l0.T).chunk(4, -1)  # PyTorch's gate order
+        i, f, g, o = (gates_x + h @ self.weight_hh.T).chunk(4, -1)  # PyTorch's gate order
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
 
@@ -85,38 +101,33 @@ class LSTM(nn.Module):
 
     def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         h, c = state
-        if done is None:
-            y, (h, c) = self.lstm(x, (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()))
+        if self._fused(done):
+            y, h, c = torch._VF.lstm(x, (h.unsqueeze(0), c.unsqueeze(0)), self._params, True, 1, 0.0,
+                                     self.training, False, True)
             return y, (h[0], c[0])
         gates_x, keep, outputs = self._input(x), _keep(done, h), []
         for t in range(x.shape[1]):
-            h, c = self._cell(gates_x[:, t], h * keep[:, t], c * keep[:, t])
+            if keep is not None:
+                h, c = h * keep[:, t], c * keep[:, t]
+            h, c = self._cell(gates_x[:, t], h, c)
             outputs.append(h)
         return torch.stack(outputs, 1), (h, c)
 
 
-class GRU(nn.Module):
-    """One GRU layer; same scheme as LSTM (fused without resets, stepwise with them)."""
+class GRU(_Recurrent):
+    """One GRU layer; same scheme as LSTM (fused without resets in eager mode, stepwise otherwise)."""
 
-    def __init__(self, input_size: int, hidden_size: int = 128):
-        super().__init__()
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.gru = nn.GRU(input_size, hidden_size, batch_first=True)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
+    gates = 3
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
         return (torch.zeros(batch_size, self.hidden_size, device=device),)
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.gru.weight_ih_l0.T + self.gru.bias_ih_l0
+        return x @ self.weight_ih.T + self.bias_ih
 
     def _cell(self, gates_x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         x_r, x_z, x_n = gates_x.chunk(3, -1)  # PyTorch's gate order: reset, update, new
-        h_r, h_z, h_n = (h @ self.gru.weight_hh_l0.T + self.gru.bias_hh_l0).chunk(3, -1)
+        h_r, h_z, h_n = (h @ self.weight_hh.T + self.bias_hh).chunk(3, -1)
         r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
         n = torch.tanh(x_n + r * h_n)
         return (1 - z) * n + z * h
@@ -131,12 +142,14 @@ class GRU(nn.Module):
 
     def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         (h,) = state
-        if done is None:
-            y, h = self.gru(x, h.unsqueeze(0).contiguous())
+        if self._fused(done):
+            y, h = torch._VF.gru(x, h.unsqueeze(0), self._params, True, 1, 0.0, self.training, False, True)
             return y, (h[0],)
         gates_x, keep, outputs = self._input(x), _keep(done, h), []
         for t in range(x.shape[1]):
-            h = self._cell(gates_x[:, t], h * keep[:, t])
+            if keep is not None:
+                h = h * keep[:, t]
+            h = self._cell(gates_x[:, t], h)
             outputs.append(h)
         return torch.stack(outputs, 1), (h,)
 
