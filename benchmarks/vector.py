@@ -1,0 +1,108 @@
+"""Agent-steps/s of packrl's vector backends next to gymnasium and Stable-Baselines3, side by side.
+
+Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step) and the same with a
+100 us busy step; 8 and 64 envs. Each cell: median of --repeats timed runs (spread = min..max),
+ratios against gymnasium SyncVectorEnv. Usage: python benchmarks/vector.py [--quick] [--repeats N]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+
+from packrl import vector
+from packrl.vector.testing import StructuredEnv
+
+
+def machine() -> str:
+    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
+    if tools.is_dir():
+        sys.path.insert(0, str(tools))
+        from machine_line import machine_line
+
+        return machine_line(("packrl", "numpy", "gymnasium", "stable_baselines3"))
+    import os
+    import platform
+
+    return f"{os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}"
+
+
+ENVS = {
+    "CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"),
+    "Dict 12KB": StructuredEnv,
+    "Dict 12KB +100us": functools.partial(StructuredEnv, busy_us=100.0),
+}
+
+
+def make_vectorizer(name: str, creator, n: int):
+    """(vector env, step function taking an action batch)."""
+    if name == "packrl serial":
+        v = vector.make(creator, n)
+    elif name == "packrl mp":
+        v = vector.make(creator, n, backend="multiprocessing", context="fork")
+    elif name == "gym Sync":
+        v = gymnasium.vector.SyncVectorEnv([creator] * n)
+    elif name == "gym Async(shm)":
+        v = gymnasium.vector.AsyncVectorEnv([creator] * n, shared_memory=True, context="fork")
+    elif name in ("sb3 Dummy", "sb3 Subproc"):
+        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+        v = DummyVecEnv([creator] * n) if name == "sb3 Dummy" else SubprocVecEnv([creator] * n, start_method="fork")
+        v.reset()
+        return v, v.step, v.close
+    else:
+        raise ValueError(name)
+    v.reset(seed=0)
+    return v, v.step, v.close
+
+
+def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) -> list[float]:
+    v, step, close = make_vectorizer(name, creator, n)
+    actions = np.zeros(n, np.int64)
+    for _ in range(20):  # warm up (first-call compiles, page faults)
+        step(actions)
+    rates = []
+    for _ in range(repeats):
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(10):
+                step(actions)
+            steps += 10
+        rates.append(steps * n / (time.perf_counter() - start))
+    close()
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="shorter runs")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--envs", default=",".join(ENVS))
+    parser.add_argument("--sizes", default="8,64")
+    parser.add_argument("--vectorizers", default="gym Sync,gym Async(shm),sb3 Dummy,sb3 Subproc,packrl serial,packrl mp")
+    args = parser.parse_args()
+    seconds = 0.3 if args.quick else 1.0
+    names = args.vectorizers.split(",")
+    print(machine())
+    print("Machine shared with other jobs: compare ratios within one run, not absolute numbers across runs.")
+    print(f"agent-steps/s, median of {args.repeats} x {seconds}s (min..max); ratio = median / gym Sync median")
+    print(f"{'env':18} {'n':>3} {'vectorizer':15} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
+    for env_name in args.envs.split(","):
+        for n in (int(s) for s in args.sizes.split(",")):
+            results = {name: agent_steps_per_s(name, ENVS[env_name], n, seconds, args.repeats) for name in names}
+            sync = statistics.median(results["gym Sync"]) if "gym Sync" in results else float("nan")
+            serial = statistics.median(results["packrl serial"]) if "packrl serial" in results else float("nan")
+            for name, rates in results.items():
+                med = statistics.median(rates)
+                print(f"{env_name:18} {n:>3} {name:15} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
+                      f"{med / sync:>7.2f} {med / serial:>8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
