@@ -1,0 +1,57 @@
+"""Envs shipped with packrl, written as Numba kernels (see ``packrl.envs.numba_env``).
+
+``packrl.envs.make("cartpole", num_envs=64)`` gives a batched env that follows packrl's env
+protocol (``autoreset = True``), usable alone, as ``vector.make(..., backend="numba")``, or one per
+multiprocessing worker. ``packrl.envs.spec(name)`` gives the :class:`NumbaEnv` itself, and
+``register(name, factory)`` adds your own.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from packrl.envs.numba_env import BatchedNumbaEnv, NumbaEnv
+from packrl.errors import EnvError
+
+_REGISTRY: dict[str, Callable[[], NumbaEnv]] = {}
+
+
+def register(name: str, factory: Callable[[], NumbaEnv]) -> None:
+    """Make ``factory()`` (returning a NumbaEnv) available as ``make(name)``."""
+    _REGISTRY[name] = factory
+
+
+def names() -> list[str]:
+    """Names of the registered envs."""
+    return sorted(_REGISTRY)
+
+
+def spec(name: str) -> NumbaEnv:
+    """The NumbaEnv registered as ``name``."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise EnvError(f"no packrl env named {name!r}; registered: {names()}") from None
+    return factory()
+
+
+def make(name: str, num_envs: int = 1, seed: int = 0, threads: int | None = None, **kwargs: Any) -> BatchedNumbaEnv:
+    """``num_envs`` copies of the env ``name`` stepped by one compiled call (see BatchedNumbaEnv)."""
+    return BatchedNumbaEnv(spec(name), num_envs, seed=seed, threads=threads, **kwargs)
+
+
+def _cartpole() -> NumbaEnv:
+    from packrl.envs.cartpole import spec as cartpole_spec
+
+    return cartpole_spec()
+
+
+def _gridworld() -> NumbaEnv:
+    from packrl.envs.gridworld import spec as gridworld_spec
+
+    return gridworld_spec()
+
+
+register("cartpole", _cartpole)
+register("gridworld", _gridworld)
+
+__all__ = ["BatchedNumbaEnv", "NumbaEnv", "make", "names", "register", "spec"]

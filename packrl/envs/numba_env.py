@@ -1,0 +1,740 @@
+"""Numba-native envs: a user contract of two ``@njit`` kernels, and a batched stepper over many copies.
+
+The contract (:class:`NumbaEnv`)::
+
+    @njit
+    def reset(state, obs, rng) -> None
+    @njit
+    def step(state, action, obs, rng) -> (reward: float, terminated: bool, truncated: bool)
+
+``state`` is a namedtuple of this copy's state arrays (declared as ``{"name": (shape, dtype)}``),
+``obs`` is this copy's observation: the array itself for a Box observation, otherwise a namedtuple
+with one typed array per leaf, named by its Dict keys joined with ``_`` (``obs.image``,
+``obs.position``); scalar leaves (Discrete, scalar Box) are length-1 arrays (``obs.direction[0] = d``).
+Every leaf is a zero-copy view of this copy's packed row, placed by the Layout: nobody computes a
+byte offset by hand. ``action`` is the policy-facing action: an int64 choice in ``[0, n)`` for
+Discrete (the space's ``start`` not added), an int64 array of choices for MultiDiscrete-like
+spaces, a float array for Box, ``action.discrete``/``action.continuous`` for hybrid spaces.
+``rng`` is this copy's own random stream (see :mod:`packrl.envs.rng`).
+
+The batched stepper generates one small module per env (kept under ``PACKRL_NUMBA_CACHE``,
+default ``~/.cache/packrl/numba``, its name a hash of everything that shapes the code) holding one
+compiled loop over all copies with same-step autoreset, compiled with ``cache=True`` so a second
+process loads it from disk instead of compiling.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import keyword
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple
+
+import numba
+import numpy as np
+from gymnasium import spaces
+from numba import njit, types
+from numba.core import errors as numba_errors
+from numba.core.dispatcher import Dispatcher
+from numba.extending import overload
+
+from packrl.emulation.actions import ActionLayout
+from packrl.emulation.emulated import Emulated, group_agents
+from packrl.emulation.layout import Layout, Leaf
+from packrl.envs.rng import RNG_WORDS
+from packrl.errors import EmulationError, EnvError
+
+PARALLEL_MIN_ENVS = 16384
+"""Below this many copies ``threads=None`` steps them in one serial loop. Measured on the 2-core
+project machine with CartPole (benchmarks/numba_envs.py --crossover): the prange launch and join
+cost more than they save below this size; envs with heavier steps gain earlier (pass ``threads``)."""
+
+
+# ---------------------------------------------------------------- the user contract
+
+@dataclass(frozen=True)
+class NumbaEnv:
+    """An env written as Numba kernels. ``state`` maps field names to ``(shape, dtype)`` per copy;
+    ``max_episode_steps`` truncates episodes (as gymnasium's TimeLimit); ``allow_nan`` lets float
+    observation leaves hold NaN (refused by default: a NaN observation is almost always a bug)."""
+
+    name: str
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    state: Mapping[str, tuple]
+    reset: Any
+    step: Any
+    max_episode_steps: int | None = None
+    allow_nan: bool = False
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for role in ("reset", "step"):
+            fn = getattr(self, role)
+            if not isinstance(fn, Dispatcher):
+                raise EnvError(f"numba env {self.name!r}: {role} must be an @numba.njit function, got {type(fn).__name__}")
+        if not self.state:
+            raise EnvError(f"numba env {self.name!r}: declare at least one state array, e.g. state={{'x': (4, np.float64)}}")
+        for key, spec in self.state.items():
+            _check_identifier(self.name, "state field", key)
+            try:
+                shape, dtype = spec
+                _as_shape(shape), np.dtype(dtype)
+            except (TypeError, ValueError):
+                raise EnvError(f"numba env {self.name!r}: state field {key!r} must be (shape, dtype), got {spec!r}") from None
+        if self.max_episode_steps is not None and int(self.max_episode_steps) <= 0:
+            raise EnvError(f"numba env {self.name!r}: max_episode_steps must be positive, got {self.max_episode_steps}")
+
+
+def _as_shape(shape: Any) -> tuple:
+    return (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+
+
+def _check_identifier(env: str, what: str, name: str) -> None:
+    if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        raise EnvError(f"numba env {env!r}: {what} {name!r} is not a usable Python identifier for kernel code")
+
+
+# ---------------------------------------------------------------- helpers the generated kernels call
+
+def check_step_result(result):  # noqa: ANN001, ANN201 - numba's overload needs the bare signature
+    """Identity at run time; at compile time refuses a step that does not return (float, bool, bool)."""
+    return result
+
+
+@overload(check_step_result)
+def _check_step_result_typing(result):  # noqa: ANN001, ANN202
+    ok = (isinstance(result, types.BaseTuple) and len(result) == 3
+          and isinstance(result[0], (types.Float, types.Integer))
+          and isinstance(result[1], types.Boolean) and isinstance(result[2], types.Boolean))
+    if not ok:
+        raise numba_errors.TypingError(
+            f"step must return (reward: float, terminated: bool, truncated: bool), got {result}")
+    return lambda result: result
+
+
+# ---------------------------------------------------------------- what the kernel sees
+
+@dataclass(frozen=True)
+class LeafCheck:
+    """How one observation leaf is checked after each kernel call."""
+
+    index: int
+    leaf: Leaf
+    field: str
+    kind: str  # "nan", "range" or "none"
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+    def describe(self) -> str:
+        if self.kind == "range":
+            return f"[{self.low.min()}, {self.high.max()}]"
+        return "no NaN"
+
+
+def _leaf_field_name(leaf: Leaf) -> str:
+    name = "_".join(str(k) for k in leaf.path) or "obs"
+    return name if name[0].isalpha() else "leaf_" + name
+
+
+def leaf_checks(env: NumbaEnv, layout: Layout) -> tuple[LeafCheck, ...]:
+    """One check per leaf: NaN for float leaves, the space's bounds for bounded integer leaves."""
+    checks, seen = [], {}
+    for i, leaf in enumerate(layout.leaves):
+        if leaf.kind in ("text", "bounded_string"):
+            raise EnvError(f"numba env {env.name!r}: observation leaf {leaf.name!r} is a string; Numba envs take numeric leaves only")
+        name = _leaf_field_name(leaf)
+        _check_identifier(env.name, "observation leaf", name)
+        if name in seen:
+            raise EnvError(f"numba env {env.name!r}: observation leaves {seen[name]!r} and {leaf.name!r} both become "
+                           f"kernel field {name!r}; rename a Dict key")
+        seen[name] = leaf.name
+        shape = leaf.shape or (1,)
+        checks.append(LeafCheck(i, leaf, name, *_bounds(env, leaf, shape)))
+    return tuple(checks)
+
+
+def _bounds(env: NumbaEnv, leaf: Leaf, shape: tuple) -> tuple:
+    space, dtype = leaf.space, leaf.dtype
+    if dtype.kind == "f":
+        return ("none",) if env.allow_nan else ("nan",)
+    if isinstance(space, spaces.Discrete):
+        low, high = np.int64(space.start), np.int64(space.start) + np.int64(space.n) - 1
+    elif isinstance(space, spaces.MultiDiscrete):
+        low, high = np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec) - 1
+    elif isinstance(space, spaces.MultiBinary):
+        low, high = 0, 1
+    elif isinstance(space, spaces.Box) and dtype.kind in "iu":
+        low, high = np.asarray(space.low), np.asarray(space.high)
+        info = np.iinfo(dtype)
+        if np.all(low <= info.min) and np.all(high >= info.max):
+            return ("none",)  # every bit pattern is a valid value: nothing to check
+    else:
+        return ("none",)
+    return ("range", np.broadcast_to(np.asarray(low).astype(dtype), shape).copy(),
+            np.broadcast_to(np.asarray(high).astype(dtype), shape).copy())
+
+
+# ---------------------------------------------------------------- code generation
+
+_HEADER = '''"""Generated by packrl.envs.numba_env for numba env {name!r}. Do not edit: the file name is a hash of its inputs."""
+import numpy as np
+from numba import njit, prange
+
+from packrl.envs.kernel_types import record
+from packrl.envs.numba_env import check_step_result
+from packrl.envs.rng import seed_rng
+
+State = record("State", {state_fields!r})
+{obs_class}{action_class}
+# The kernels run with _nrt=False: they allocate nothing, and without reference counting the
+# per-copy views (state, obs, rng rows) cost no atomic increments (2-3x faster on CartPole).
+# set by packrl right after import, before anything compiles
+_user_reset = None
+_user_step = None
+MAX_STEPS = {max_steps}
+NLEAVES = {nleaves}
+'''
+
+
+class KernelSource:
+    """The Python source of one env's batched kernels, and the constants it reads."""
+
+    def __init__(self, env: NumbaEnv, layout: Layout, action: ActionLayout, passthrough: bool):
+        self.env, self.layout, self.action, self.passthrough = env, layout, action, passthrough
+        self.row_shape = tuple(env.observation_space.shape) if passthrough else (layout.nbytes,)
+        self.checks = leaf_checks(env, layout)
+        self.state_fields = list(env.state)
+        self.constants: dict[str, np.ndarray] = {}
+        for c in self.checks:
+            if c.kind == "range":
+                self.constants[f"LOW_{c.index}"], self.constants[f"HIGH_{c.index}"] = c.low, c.high
+        if action.num_discrete:
+            self.constants["ACT_DHIGH"] = action.nvec - 1
+        if action.num_continuous:
+            shape = action.policy_space["continuous"].shape if action.kind == "hybrid" else action.policy_space.shape
+            dtype = action.continuous_dtype if action.kind != "continuous" else action.policy_space.dtype
+            self.constants["ACT_CLOW"] = action.low.astype(dtype).reshape(shape)
+            self.constants["ACT_CHIGH"] = action.high.astype(dtype).reshape(shape)
+
+    # argument lists
+    @property
+    def act_args(self) -> list[str]:
+        return ["act_d", "act_c"] if self.action.kind == "hybrid" else ["act"]
+
+    @property
+    def state_args(self) -> list[str]:
+        return [f"s_{k}" for k in range(len(self.state_fields))]
+
+    @property
+    def obs_args(self) -> list[str]:
+        return [f"o_{c.index}" for c in self.checks]
+
+    def _buffers(self) -> list[str]:
+        return ["observations", *self.obs_args, "final_observations", "rng", "rewards", "terminals",
+                "truncations", "returns", "lengths", "bad"]
+
+    def step_args(self) -> list[str]:
+        return [*self.act_args, *self.state_args, *self._buffers()]
+
+    def reset_args(self) -> list[str]:
+        return ["seed", "seeded", *self.state_args, *self._buffers()]
+
+    # pieces
+    def _state_expr(self) -> str:
+        return "State(" + ", ".join(f"{s}[i]" for s in self.state_args) + ")"
+
+    def _obs_expr(self) -> str:
+        if self.passthrough:
+            return "o_0[i]"
+        return "Obs(" + ", ".join(f"{o}[i]" for o in self.obs_args) + ")"
+
+    def _action_expr(self) -> str:
+        return "Action(act_d[i], act_c[i])" if self.action.kind == "hybrid" else "act[i]"
+
+    def _leaf_checks(self, code_offset: int, indent: str) -> list[str]:
+        """Loops over each checked leaf of copy ``i``: on a bad element, record the leaf and return -1."""
+        lines = []
+        for c in self.checks:
+            if c.kind == "none":
+                continue
+            shape = c.leaf.shape or (1,)
+            idx = ", ".join(["i"] + [f"j{d}" for d in range(len(shape))])
+            inner = ", ".join(f"j{d}" for d in range(len(shape)))
+            pad = indent
+            for d, size in enumerate(shape):
+                lines.append(f"{pad}for j{d} in range({size}):")
+                pad += "    "
+            x = f"x{c.index}"  # one name per leaf: leaves differ in dtype
+            lines.append(f"{pad}{x} = o_{c.index}[{idx}]")
+            cond = f"{x} != {x}" if c.kind == "nan" else f"{x} < LOW_{c.index}[{inner}] or {x} > HIGH_{c.index}[{inner}]"
+            lines += [f"{pad}if {cond}:", f"{pad}    bad[i] = {code_offset + c.index}", f"{pad}    return -1"]
+        return lines
+
+    def _row_copy(self, indent: str) -> list[str]:
+        """final_observations[i] = observations[i] as plain loops (Numba's array assignment drags in
+        a shape-mismatch error path that costs seconds of compile time)."""
+        if not self.row_shape:
+            return [f"{indent}final_observations[i] = observations[i]"]
+        shape, lines, pad = self.row_shape, [], indent
+        for d, size in enumerate(shape):
+            lines.append(f"{pad}for j{d} in range({size}):")
+            pad += "    "
+        idx = ", ".join(["i"] + [f"j{d}" for d in range(len(shape))])
+        return lines + [f"{pad}final_observations[{idx}] = observations[{idx}]"]
+
+    def _action_checks(self) -> list[str]:
+        """Loops over copy ``i``'s action: return True on a choice or value outside the space."""
+        kind, lines = self.action.kind, []
+        if kind == "discrete":
+            return [f"    if act[i] < 0 or act[i] >= {int(self.action.nvec[0])}:", "        return True"]
+        if self.action.num_discrete:
+            d = "act_d" if kind == "hybrid" else "act"
+            lines += [f"    for j in range({self.action.num_discrete}):",
+                      f"        if {d}[i, j] < 0 or {d}[i, j] > ACT_DHIGH[j]:", "            return True"]
+        if self.action.num_continuous:
+            c = "act_c" if kind == "hybrid" else "act"
+            shape = self.constants["ACT_CLOW"].shape
+            inner = ", ".join(f"j{k}" for k in range(len(shape)))
+            pad = "    "
+            for k, size in enumerate(shape):
+                lines.append(f"{pad}for j{k} in range({size}):")
+                pad += "    "
+            lines += [f"{pad}x = {c}[i, {inner}]",
+                      f"{pad}if not (x >= ACT_CLOW[{inner}] and x <= ACT_CHIGH[{inner}]):", f"{pad}    return True"]
+        return lines
+
+    def source(self) -> str:
+        env = self.env
+        obs_class = "" if self.passthrough else f'Obs = record("Obs", {tuple(c.field for c in self.checks)!r})\n'
+        action_class = 'Action = record("Action", ("discrete", "continuous"))\n' if self.action.kind == "hybrid" else ""
+        out = [_HEADER.format(name=env.name, state_fields=tuple(self.state_fields), obs_class=obs_class,
+                              action_class=action_class, max_steps=int(env.max_episode_steps or 0),
+                              nleaves=len(self.checks))]
+        for name in self.constants:
+            out.append(f"{name} = None")
+        nleaves = len(self.checks)
+        body: list[str] = []
+        step_args = ", ".join(self.step_args())
+        # the body of one copy's step, inlined in both loops: every extra level of Numba function
+        # calls re-optimizes everything below it, so a flat kernel compiles in a fraction of the time
+        one = [f"state = {self._state_expr()}",
+               f"obs = {self._obs_expr()}",
+               f"reward, terminated, truncated = check_step_result(_user_step(state, {self._action_expr()}, obs, rng[i]))",
+               "lengths[i, 0] += 1",
+               "returns[i, 0] += reward",
+               "if MAX_STEPS > 0 and lengths[i, 0] >= MAX_STEPS:",
+               "    truncated = True",
+               "rewards[i] = reward",
+               "terminals[i] = terminated",
+               "truncations[i] = truncated",
+               "c = 0"]
+        one += [line.replace("return -1", "c = -1") for line in self._leaf_checks(0, "")]
+        one += ["if c == 0 and (terminated or truncated):"]
+        one += self._row_copy("    ")
+        one += ["    returns[i, 1] = returns[i, 0]",
+                "    lengths[i, 1] = lengths[i, 0]",
+                "    returns[i, 0] = 0.0",
+                "    lengths[i, 0] = 0",
+                "    _user_reset(state, obs, rng[i])"]
+        one += [line.replace("return -1", "c = -1") for line in self._leaf_checks(nleaves, "    ")]
+        one += ["    if c == 0:", "        c = 1"]
+        for kernel, loop, extra in (("step_serial", "range", ""), ("step_parallel", "prange", ", parallel=True")):
+            body += ["", "", f"@njit(cache=True, nogil=True, _nrt=False{extra})", f"def {kernel}({step_args}):",
+                     "    # >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
+                     "    # was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
+                     "    n = rewards.shape[0]",
+                     "    for i in range(n):"]
+            body += ["    " + line.replace("return True", "return -(i + 1)") for line in self._action_checks()]
+            body += ["    ends = 0",
+                     "    failed = 0",
+                     f"    for i in {loop}(n):"]
+            body += ["        " + line for line in one]
+            body += ["        failed += 1 if c < 0 else 0",
+                     "        ends += c if c > 0 else 0",
+                     "    if failed > 0:",
+                     "        return -(n + 1)",
+                     "    return ends"]
+        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def reset_all({', '.join(self.reset_args())}):",
+                 "    # reset every copy (seeding copy i with seed + i when seeded); returns the number of bad copies",
+                 "    n = rewards.shape[0]",
+                 "    failed = 0",
+                 "    for i in range(n):",
+                 "        if seeded:",
+                 "            seed_rng(rng[i], seed + i)",
+                 "        rewards[i] = 0.0",
+                 "        terminals[i] = False",
+                 "        truncations[i] = False",
+                 "        returns[i, 0] = 0.0",
+                 "        lengths[i, 0] = 0",
+                 f"        state = {self._state_expr()}",
+                 f"        obs = {self._obs_expr()}",
+                 "        _user_reset(state, obs, rng[i])",
+                 "        c = 0"]
+        body += ["        " + line.replace("return -1", "c = -1") for line in self._leaf_checks(nleaves, "")]
+        body += ["        failed += 1 if c < 0 else 0",
+                 "    return failed",
+                 ""]
+        return "\n".join(out + body)
+
+
+# ---------------------------------------------------------------- loading the generated module
+
+def cache_dir() -> Path:
+    """Where generated kernel modules (and Numba's cache of them) live."""
+    return Path(os.environ.get("PACKRL_NUMBA_CACHE", Path.home() / ".cache" / "packrl" / "numba"))
+
+
+def _fingerprint(fn: Dispatcher) -> bytes:
+    """What a user kernel's compiled code depends on: its module's whole source file (so its helpers
+    count too), its name, and the values it closes over."""
+    py = fn.py_func
+    parts = [py.__module__.encode(), py.__qualname__.encode()]
+    try:
+        parts.append(Path(inspect.getsourcefile(py)).read_bytes())
+    except (TypeError, OSError):
+        parts.append(py.__code__.co_code + repr(py.__code__.co_consts).encode())
+    for cell in py.__closure__ or ():
+        parts.append(repr(cell.cell_contents).encode())
+    return b"\0".join(parts)
+
+
+def load_kernels(source: KernelSource) -> Any:
+    """Import (writing it first if new) the generated module of ``source`` and give it the user kernels."""
+    text = source.source()
+    digest = hashlib.sha256(text.encode())
+    for fn in (source.env.reset, source.env.step):
+        digest.update(_fingerprint(fn))
+    for name, arr in source.constants.items():
+        digest.update(name.encode() + arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
+    here = Path(__file__).resolve().parent
+    for dep in ("numba_env.py", "rng.py", "kernel_types.py"):
+        digest.update((here / dep).read_bytes())
+    slug = "".join(ch if ch.isalnum() else "_" for ch in source.env.name)
+    modname = f"packrl_kernel_{slug}_{digest.hexdigest()[:16]}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{modname}.py"
+    if not path.exists():
+        # write then rename: processes starting together never read half a file, and an existing
+        # file is never rewritten (Numba's cache is keyed by the file's modification time)
+        tmp = folder / f".{modname}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    spec.loader.exec_module(module)
+    module._user_reset, module._user_step = source.env.reset, source.env.step
+    for name, arr in source.constants.items():
+        setattr(module, name, arr)
+    return module
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """One kernel made ready: how long it took and whether it came from Numba's disk cache."""
+
+    kernel: str
+    seconds: float
+    source: str  # "cache" or "compiled"
+
+    def __str__(self) -> str:
+        return f"{self.kernel}: {'loaded from cache' if self.source == 'cache' else 'compiled'} in {self.seconds:.2f}s"
+
+
+def compile_kernel(env_name: str, dispatcher: Dispatcher, args: tuple) -> CompileRecord:
+    """Compile (or load from the disk cache) ``dispatcher`` for the types of ``args``."""
+    sig = tuple(numba.typeof(a) for a in args)
+    hits = sum(dispatcher.stats.cache_hits.values())
+    start = time.perf_counter()
+    try:
+        dispatcher.compile(sig)
+    except numba_errors.NumbaError as err:
+        lines = str(err).strip().splitlines()
+        ours = [line.strip() for line in lines if "step must return" in line]
+        short = "\n".join(lines[:40]) + ("\n..." if len(lines) > 40 else "")
+        headline = ours[0] if ours else f"its kernels do not compile ({type(err).__name__})"
+        raise EnvError(f"numba env {env_name!r}: {headline}\n{short}") from None
+    seconds = time.perf_counter() - start
+    loaded = sum(dispatcher.stats.cache_hits.values()) > hits
+    return CompileRecord(dispatcher.__name__, seconds, "cache" if loaded else "compiled")
+
+
+# ---------------------------------------------------------------- the batched env
+
+class BatchedNumbaEnv:
+    """``num_envs`` copies of a :class:`NumbaEnv`, stepped by one compiled call.
+
+    Follows packrl's env protocol with ``autoreset = True``: a copy whose episode ends is reset
+    inside the same ``step``; ``final_observations`` holds its last observation and
+    ``infos["episode_return"]`` / ``infos["episode_length"]`` its return and length (both valid
+    at the rows where ``terminals | truncations``; the arrays are reused, copy what you keep).
+    ``threads``: None picks a serial loop below :data:`PARALLEL_MIN_ENVS` copies and all Numba
+    threads above; 1 forces serial; k > 1 runs ``prange`` on k threads.
+    ``episode_infos``: when True, a step where episodes ended returns ``infos`` with
+    ``episode_index``, ``episode_return`` and ``episode_length`` of those copies (off by default: it
+    costs a few microseconds per step, as much as stepping 64 CartPoles). The same numbers are
+    always in ``episode_returns`` / ``episode_lengths`` (rows where ``terminals | truncations``).
+    ``async_reset``/``send``/``recv`` are there for code written against vector envs.
+    """
+
+    autoreset = True
+
+    def __init__(self, env: NumbaEnv, num_envs: int, seed: int = 0, threads: int | None = None,
+                 episode_infos: bool = False):
+        if not isinstance(env, NumbaEnv):
+            raise EnvError(f"BatchedNumbaEnv takes a NumbaEnv, got {type(env).__name__}")
+        if int(num_envs) < 1:
+            raise EnvError(f"numba env {env.name!r}: num_envs must be >= 1, got {num_envs}")
+        self.spec, self.name = env, env.name
+        self.num_envs = self.num_agents = n = int(num_envs)
+        self.seed = int(seed)
+        self.episode_infos = bool(episode_infos)
+        self.possible_agents = self.agents = tuple(f"env_{i}" for i in range(n))
+        self.emulated = _all_rows(group_agents(("env_0",), {"env_0": env.observation_space}, {"env_0": env.action_space}), n)
+        layout, action = self.emulated.observation, self.emulated.action
+        self.passthrough = isinstance(env.observation_space, spaces.Box)
+        if self.passthrough:
+            self.single_observation_space = env.observation_space
+            obs_shape, obs_dtype = tuple(env.observation_space.shape), np.dtype(env.observation_space.dtype)
+        else:
+            self.single_observation_space = spaces.Box(0, 255, (layout.nbytes,), np.uint8)
+            obs_shape, obs_dtype = (layout.nbytes,), np.dtype(np.uint8)
+        self.single_action_space = action.policy_space
+        self._action_kind = action.kind
+        self._action_shapes = self._policy_shapes(action)
+        self._source = KernelSource(env, layout, action, self.passthrough)
+        self._module = load_kernels(self._source)
+        self.threads = self._choose_threads(threads)
+
+        self.observations = np.zeros((n, *obs_shape), obs_dtype)
+        self.final_observations = np.zeros_like(self.observations)
+        self.rewards = np.zeros(n, np.float32)
+        self.terminals = np.zeros(n, bool)
+        self.truncations = np.zeros(n, bool)
+        self.masks = np.ones(n, bool)
+        self.state = {key: np.zeros((n, *_as_shape(shape)), np.dtype(dtype)) for key, (shape, dtype) in env.state.items()}
+        self.rng = np.zeros((n, RNG_WORDS), np.uint64)
+        self._returns = np.zeros((n, 2), np.float64)  # [running, of the episode that just ended]
+        self._lengths = np.zeros((n, 2), np.int64)
+        self._bad = np.full(n, -1, np.int64)
+        self._seeded = False
+        self._bind()
+        self.compile_records = self._compile()
+
+    # ------------------------------------------------------------ construction
+
+    def _choose_threads(self, threads: int | None) -> int:
+        if threads is None:
+            return numba.config.NUMBA_NUM_THREADS if self.num_envs >= PARALLEL_MIN_ENVS else 1
+        if int(threads) < 1:
+            raise EnvError(f"numba env {self.name!r}: threads must be None or >= 1, got {threads}")
+        return min(int(threads), numba.config.NUMBA_NUM_THREADS)
+
+    @staticmethod
+    def _policy_shapes(action: ActionLayout) -> tuple:
+        if action.kind == "discrete":
+            return ((), np.dtype(np.int64)),
+        if action.kind == "multidiscrete":
+            return ((action.num_discrete,), np.dtype(np.int64)),
+        if action.kind == "continuous":
+            return (tuple(action.policy_space.shape), np.dtype(action.policy_space.dtype)),
+        return (((action.num_discrete,), np.dtype(np.int64)),
+                ((action.num_continuous,), np.dtype(action.continuous_dtype)))
+
+    def _bind(self) -> None:
+        """Per-leaf typed views of the observation rows, and the argument tuples of the kernels."""
+        n, layout = self.num_envs, self.emulated.observation
+        if self.passthrough:
+            leaves = [self.observations.reshape(n, -1) if self.observations.ndim == 1 else self.observations]
+        else:
+            leaves = [self.observations[:, leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape((n, *(leaf.shape or (1,))))
+                      for leaf in layout.leaves]
+        self.leaf_views = dict(zip((c.field for c in self._source.checks), leaves))
+        buffers = (self.observations, *leaves, self.final_observations, self.rng, self.rewards, self.terminals,
+                   self.truncations, self._returns, self._lengths, self._bad)
+        self._step_tail = (*self.state.values(), *buffers)
+        self._reset_tail = self._step_tail
+        self.episode_returns, self.episode_lengths = self._returns[:, 1], self._lengths[:, 1]
+
+    def _compile(self) -> list[CompileRecord]:
+        m = self._module
+        step = m.step_parallel if self.threads > 1 else m.step_serial
+        dummy = tuple(np.zeros((self.num_envs, *shape), dtype) for shape, dtype in self._action_shapes)
+        records = [compile_kernel(self.name, step, (*dummy, *self._step_tail)),
+                   compile_kernel(self.name, m.reset_all, (np.int64(0), False, *self._reset_tail))]
+        self._step_kernel, self._reset_kernel = step, m.reset_all
+        return records
+
+    @property
+    def compile_report(self) -> str:
+        """One line: how each kernel was made ready in this process."""
+        return f"numba env {self.name!r} x{self.num_envs} ({'serial' if self.threads == 1 else f'{self.threads} threads'}): " \
+            + "; ".join(str(r) for r in self.compile_records)
+
+    # ------------------------------------------------------------ protocol
+
+    def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
+                    terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
+        """Write into arrays owned by someone else (a vector backend's shared memory)."""
+        wanted = {"observations": (self.observations, observations), "final_observations": (self.final_observations, final_observations),
+                  "rewards": (self.rewards, rewards), "terminals": (self.terminals, terminals),
+                  "truncations": (self.truncations, truncations), "masks": (self.masks, masks)}
+        for name, (mine, theirs) in wanted.items():
+            if not isinstance(theirs, np.ndarray) or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                got = f"{theirs.dtype} {theirs.shape}" if isinstance(theirs, np.ndarray) else type(theirs).__name__
+                raise EnvError(f"numba env {self.name!r}: set_buffers {name} must be {mine.dtype} {mine.shape}, got {got}")
+            if not theirs.flags.c_contiguous or not theirs.flags.writeable:
+                raise EnvError(f"numba env {self.name!r}: set_buffers {name} must be a writeable C-contiguous array")
+            theirs[...] = mine
+        self.observations, self.final_observations = observations, final_observations
+        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
+        self.masks[:] = True
+        self._bind()
+        # shared-memory arrays type like ours, so this only loads what _compile already made
+        self.compile_records = self._compile()
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Reset every copy. ``seed`` seeds copy j with ``seed + j``; None seeds with the
+        constructor's seed on the first reset and continues the streams afterwards."""
+        seeded = seed is not None or not self._seeded
+        base = self.seed if seed is None else int(seed)
+        failed = self._reset_kernel(np.int64(base), seeded, *self._reset_tail)
+        self._seeded = True
+        if failed:
+            self._raise_leaf_error("reset")
+        return self.observations, {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every copy with its action (policy-facing form, a leading num_envs axis); copies
+        whose episode ends are reset in the same call."""
+        acts = self._actions(actions)
+        if self.threads > 1 and numba.get_num_threads() != self.threads:
+            numba.set_num_threads(self.threads)
+        code = self._step_kernel(*acts, *self._step_tail)
+        if code < 0:
+            self._raise_step_error(code, acts)
+        infos = self._episode_infos() if code > 0 and self.episode_infos else {}
+        return self.observations, self.rewards, self.terminals, self.truncations, infos
+
+    def _episode_infos(self) -> dict:
+        index = np.flatnonzero(self.terminals | self.truncations)
+        return {"episode_index": index, "episode_return": self.episode_returns[index],
+                "episode_length": self.episode_lengths[index]}
+
+    # ------------------------------------------------------------ the vector-env batch interface
+
+    def async_reset(self, seed: int | None = None) -> None:
+        """Reset now; ``recv`` returns the result."""
+        self.reset(seed)
+        self._pending = {}
+
+    def send(self, actions: Any) -> None:
+        """Step now; ``recv`` returns the result."""
+        self._pending = self.step(actions)[4]
+
+    def recv(self) -> "NumbaBatch":
+        """The last reset or step as a batch of every copy (infos: one dict per copy)."""
+        infos: list = [{} for _ in range(self.num_envs)]
+        info = getattr(self, "_pending", {})
+        for k, i in enumerate(info.get("episode_index", ())):
+            infos[i] = {"episode_return": info["episode_return"][k], "episode_length": info["episode_length"][k]}
+        return NumbaBatch(self.observations, self.rewards, self.terminals, self.truncations, infos,
+                          np.arange(self.num_envs), self.masks, self.final_observations)
+
+    # ------------------------------------------------------------ actions and errors
+
+    def _actions(self, actions: Any) -> tuple:
+        if self._action_kind == "hybrid":
+            if not isinstance(actions, dict) or set(actions) != {"discrete", "continuous"}:
+                raise EmulationError(f"numba env {self.name!r}: hybrid actions must be a dict with 'discrete' and "
+                                     f"'continuous' arrays, got {type(actions).__name__}")
+            return (self._action_array(actions["discrete"], *self._action_shapes[0], "discrete"),
+                    self._action_array(actions["continuous"], *self._action_shapes[1], "continuous"))
+        return (self._action_array(actions, *self._action_shapes[0], self._action_kind),)
+
+    def _action_array(self, value: Any, shape: tuple, dtype: np.dtype, part: str) -> np.ndarray:
+        arr = value if type(value) is np.ndarray else np.asarray(value)
+        want = (self.num_envs, *shape)
+        if arr.shape != want:
+            if arr.size == int(np.prod(want)) and arr.ndim and arr.shape[0] == self.num_envs:
+                arr = arr.reshape(want)  # (n, 1) discrete actions, as some policies emit them
+            else:
+                raise EmulationError(f"numba env {self.name!r}: {part} actions must have shape {want}, got {arr.shape}")
+        if arr.dtype != dtype:
+            if dtype.kind == "i" and arr.dtype.kind not in "iu":
+                raise EmulationError(f"numba env {self.name!r}: {part} actions must be integers, got dtype {arr.dtype}")
+            if dtype.kind == "f" and arr.dtype.kind != "f":
+                raise EmulationError(f"numba env {self.name!r}: {part} actions must be floats, got dtype {arr.dtype}")
+            if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+                raise EmulationError(f"numba env {self.name!r}: {part} action {arr.max()} is not a valid choice")
+            arr = arr.astype(dtype)  # integer widths are exact; floats go to the Box's own dtype, as decode does
+        return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+    def _raise_step_error(self, code: int, acts: tuple) -> None:
+        if -code <= self.num_envs:
+            i = -code - 1
+            action = acts[0][i] if len(acts) == 1 else {"discrete": acts[0][i], "continuous": acts[1][i]}
+            bounds = f"choices in [0, n) with n={self.emulated.action.nvec.tolist()}" if self.emulated.action.num_discrete else ""
+            if self.emulated.action.num_continuous:
+                bounds += (" and " if bounds else "") + f"continuous values in [{self.emulated.action.low.tolist()}, {self.emulated.action.high.tolist()}]"
+            raise EmulationError(f"numba env {self.name!r}, env index {i}: action {np.asarray(action).tolist()} is "
+                                 f"outside the action space ({bounds}); no copy was stepped")
+        self._raise_leaf_error("step")
+
+    def _raise_leaf_error(self, phase: str) -> None:
+        rows = np.flatnonzero(self._bad >= 0)
+        i = int(rows[0])
+        code = int(self._bad[i])
+        self._bad[rows] = -1
+        nleaves = len(self._source.checks)
+        where = "reset (after an episode ended)" if (phase == "step" and code >= nleaves) else phase
+        check = self._source.checks[code % nleaves]
+        value = self.leaf_views[check.field][i]
+        if check.kind == "nan":
+            what = "NaN"
+        else:
+            outside = (value < check.low) | (value > check.high)
+            what = f"value {value[outside].reshape(-1)[0]} outside {check.describe()}"
+            if value.dtype.kind == "i" and value[outside].reshape(-1)[0] == np.iinfo(value.dtype).min:
+                what += " (the integer a NaN becomes when written into an integer array)"
+        others = f"; {len(rows) - 1} other copies failed too" if len(rows) > 1 else ""
+        raise EnvError(f"numba env {self.name!r}, env index {i}: its {where} kernel wrote {what} into observation leaf "
+                       f"{check.leaf.name!r} ({check.leaf.space}){others}. Other copies' rows are intact.")
+
+    # ------------------------------------------------------------ misc
+
+    def close(self) -> None:
+        """Nothing to release: the buffers are plain arrays."""
+
+    def __repr__(self) -> str:
+        return f"BatchedNumbaEnv({self.name!r}, num_envs={self.num_envs}, threads={self.threads})"
+
+
+class NumbaBatch(NamedTuple):
+    """What ``recv`` returns (the fields of ``packrl.vector.Batch``)."""
+
+    observations: np.ndarray
+    rewards: np.ndarray
+    terminals: np.ndarray
+    truncations: np.ndarray
+    infos: list
+    env_ids: np.ndarray
+    masks: np.ndarray
+    final_observations: np.ndarray
+
+
+def _all_rows(one: Emulated, n: int) -> Emulated:
+    """The single-row layouts of ``one`` shared by ``n`` rows named env_0 .. env_{n-1} (built once,
+    not once per copy: all copies have the same spaces)."""
+    agents = tuple(f"env_{i}" for i in range(n))
+    group = replace(one.groups[0], agents=agents, rows=tuple(range(n)))
+    return Emulated(agents, (group,), (0,) * n)
