@@ -139,12 +139,13 @@ class Bounds:
         self._copies: dict = {}
         self.low_np, self.high_np = low, high
         both = lo & hi
+        safe_low, safe_high = np.where(lo, low, 0.0), np.where(hi, high, 0.0)
         t = lambda a, dtype=torch.float32: torch.as_tensor(a, dtype=dtype)  # noqa: E731
         self.both, self.lower, self.upper = t(both, torch.bool), t(lo & ~hi, torch.bool), t(hi & ~lo, torch.bool)
-        self.mid = t(np.where(both, (low + high) / 2, 0.0))
-        self.half = t(np.where(both, (high - low) / 2, 1.0))
-        self.low = t(np.where(lo, low, 0.0))
-        self.high = t(np.where(hi, high, 0.0))
+        self.mid = t(np.where(both, (safe_low + safe_high) / 2, 0.0))
+        half = (safe_high - safe_low) / 2
+        self.half = t(np.where(both & (half > 0), half, 1.0))  # low == high: the clamp pins the value
+        self.low, self.high = t(safe_low), t(safe_high)
         # clamp targets, so rounding never puts an action outside [low, high]
         self.clamp_low = t(np.where(lo, low, -np.inf))
         self.clamp_high = t(np.where(hi, high, np.inf))

@@ -1,0 +1,136 @@
+"""Action distributions against torch.distributions references: categoricals (masked, multi-branch),
+bounded Gaussians (finite, half-infinite, infinite bounds), hybrids."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.distributions import AffineTransform, Categorical, Normal, SoftplusTransform, TanhTransform, TransformedDistribution
+
+from packrl.emulation import ActionLayout
+from packrl.models import ActionSpec, apply_mask
+
+nvecs = st.lists(st.integers(1, 7), min_size=1, max_size=4)
+
+
+@given(nvec=nvecs, seed=st.integers(0, 2**16))
+def test_multidiscrete_log_prob_and_entropy_match_per_branch_categoricals(nvec, seed):
+    gen = torch.Generator().manual_seed(seed)
+    spec = ActionSpec(ActionLayout(spaces.MultiDiscrete(nvec)))
+    logits = torch.randn(5, sum(nvec), generator=gen) * 3
+    mask = torch.rand(5, sum(nvec), generator=gen) > 0.3
+    dist = spec.distribution(apply_mask(logits, mask))
+    action = dist.sample()
+    assert action.shape == (5, len(nvec)) and action.dtype == torch.int64
+    want_lp, want_ent, first = torch.zeros(5), torch.zeros(5), 0
+    for j, n in enumerate(nvec):
+        m, branch = mask[:, first:first + n], logits[:, first:first + n]
+        none = ~m.any(-1, keepdim=True)  # a fully masked branch is uniform over its choices
+        m, branch = m | none, torch.where(none, torch.zeros_like(branch), branch)
+        ref = Categorical(logits=branch.masked_fill(~m, -float("inf")))
+        want_lp += ref.log_prob(action[:, j])
+        want_ent += ref.entropy()
+        assert m.gather(1, action[:, j:j + 1]).all(), "sampled a masked choice"
+        first += n
+    torch.testing.assert_close(dist.log_prob(action), want_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dist.entropy(), want_ent, rtol=1e-5, atol=1e-5)
+
+
+def test_mask_respected_over_10k_samples_and_excluded_from_entropy():
+    spec = ActionSpec(ActionLayout(spaces.Discrete(6)))
+    logits = torch.tensor([[5.0, 0.0, 9.0, -1.0, 0.5, 2.0]]).expand(10_000, 6)
+    mask = torch.tensor([[0, 1, 0, 1, 1, 0]], dtype=torch.int8).expand(10_000, 6)
+    dist = spec.distribution(apply_mask(logits, mask))
+    action = dist.sample()
+    assert action.shape == (10_000,)
+    counts = torch.bincount(action, minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0 and (counts[[1, 3, 4]] > 0).all()
+    ref = Categorical(logits=torch.tensor([0.0, -1.0, 0.5]))
+    assert torch.allclose(dist.entropy()[0], ref.entropy())
+    assert dist.probs[0, 0, [0, 2, 5]].eq(0).all()
+    assert dist.mode()[0] == 4
+
+
+def test_all_masked_row_is_uniform_not_nan():
+    spec = ActionSpec(ActionLayout(spaces.Discrete(4)))
+    dist = spec.distribution(apply_mask(torch.randn(3, 4), torch.zeros(3, 4, dtype=torch.bool)))
+    assert torch.allclose(dist.entropy(), torch.full((3,), float(np.log(4))))
+    assert torch.isfinite(dist.log_prob(dist.sample())).all()
+
+
+BOUNDS = [  # (low, high) per dimension: finite, lower only, upper only, none
+    (np.array([-2.0, 0.5], np.float32), np.array([3.0, 0.75], np.float32)),
+    (np.array([1.0, -np.inf], np.float32), np.array([np.inf, 4.0], np.float32)),
+    (np.full(3, -np.inf, np.float32), np.full(3, np.inf, np.float32)),
+]
+
+
+def _reference(mean, std, low, high):
+    """torch.distributions reference of one dimension's bounded Gaussian."""
+    base = Normal(mean, std)
+    if np.isfinite(low) and np.isfinite(high):
+        return TransformedDistribution(base, [TanhTransform(), AffineTransform(float(low + high) / 2, float(high - low) / 2)])
+    if np.isfinite(low):
+        return TransformedDistribution(base, [SoftplusTransform(), AffineTransform(float(low), 1.0)])
+    if np.isfinite(high):
+        return TransformedDistribution(base, [AffineTransform(0.0, -1.0), SoftplusTransform(), AffineTransform(float(high), -1.0)])
+    return base
+
+
+@pytest.mark.parametrize("low,high", BOUNDS)
+def test_box_log_prob_matches_transformed_reference_and_stays_in_bounds(low, high):
+    torch.manual_seed(0)
+    layout = ActionLayout(spaces.Box(low, high, dtype=np.float32))
+    spec = ActionSpec(layout)
+    m = len(low)
+    mean, log_std = torch.randn(2000, m), torch.randn(2000, m) * 0.5
+    dist = spec.distribution(torch.cat([mean, log_std], -1))
+    action = dist.sample()
+    want = sum(_reference(mean[:, j], log_std[:, j].exp(), low[j], high[j]).log_prob(action[:, j])
+               for j in range(m))
+    ok = torch.isfinite(want)  # the reference is -inf/NaN where float32 tanh saturates to the bound exactly
+    assert ok.float().mean() > 0.95
+    torch.testing.assert_close(dist.log_prob(action)[ok], want[ok], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(dist.entropy(), Normal(mean, log_std.exp()).entropy().sum(-1))
+    env_action = spec.to_numpy(action)
+    assert env_action.dtype == np.float32 and env_action.shape == (2000, m)
+    assert np.all(env_action >= low) and np.all(env_action <= high)
+    for row in env_action[:50]:
+        layout.decode(row)  # the emulation layer accepts every sampled action
+
+
+def test_box_log_prob_is_finite_with_gradients_at_the_bounds():
+    spec = ActionSpec(ActionLayout(spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, np.inf]), dtype=np.float64)))
+    logits = torch.zeros(2, 4, requires_grad=True)
+    action = torch.tensor([[1.0, 0.0], [-1.0, 1e9]])
+    lp = spec.distribution(logits).log_prob(action)
+    lp.sum().backward()
+    assert torch.isfinite(lp).all() and torch.isfinite(logits.grad).all()
+    assert spec.to_numpy(action).dtype == np.float64
+
+
+def test_hybrid_log_prob_and_entropy_are_sums_of_parts():
+    space = spaces.Dict({"move": spaces.Discrete(3, start=-1), "aim": spaces.Box(-1, 1, (2,), np.float32),
+                         "flags": spaces.MultiBinary(2)})
+    layout = ActionLayout(space)
+    spec = ActionSpec(layout)
+    logits = torch.randn(4, spec.logits_size)
+    dist = spec.distribution(logits)
+    action = dist.sample()
+    assert set(action) == {"discrete", "continuous"}
+    assert action["discrete"].shape == (4, 3) and action["continuous"].shape == (4, 2)
+    d = spec.num_discrete
+    disc = ActionSpec(ActionLayout(spaces.MultiDiscrete(layout.nvec))).distribution(logits[:, :d])
+    cont = ActionSpec(ActionLayout(spaces.Box(-1, 1, (2,), np.float32))).distribution(logits[:, d:])
+    torch.testing.assert_close(dist.log_prob(action), disc.log_prob(action["discrete"]) + cont.log_prob(action["continuous"]))
+    torch.testing.assert_close(dist.entropy(), disc.entropy() + cont.entropy())
+    native = layout.decode({k: v[0] for k, v in spec.to_numpy(action).items()})
+    assert space.contains(native)
+
+
+def test_wrong_logits_width_is_refused():
+    from packrl import EmulationError
+
+    with pytest.raises(EmulationError, match="width 5"):
+        ActionSpec(ActionLayout(spaces.Discrete(5))).distribution(torch.zeros(2, 4))
