@@ -44,6 +44,8 @@ class LeafCodec:
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
+    # True when an input already of the field's dtype and shape is stored unchanged (check only validates it)
+    stores_input: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,6 +152,7 @@ class BoxCodec(LeafCodec):
     bounds; float Boxes are not (NaN and inf round-trip: observations often overshoot float bounds)."""
 
     kind = "box"
+    stores_input = True
 
     def __init__(self, space: spaces.Box, round_floats: bool = False):
         self.space = space
@@ -201,6 +204,7 @@ class DiscreteCodec(LeafCodec):
     """Discrete(n, start): the value itself (start included), as int64, shape ()."""
 
     kind = "discrete"
+    stores_input = True
 
     def __init__(self, space: spaces.Discrete):
         self.space = space
@@ -238,6 +242,7 @@ class MultiDiscreteCodec(LeafCodec):
     """MultiDiscrete(nvec, start) of any nvec shape, stored in its own dtype with start included."""
 
     kind = "multidiscrete"
+    stores_input = True
 
     def __init__(self, space: spaces.MultiDiscrete):
         self.space = space
@@ -275,6 +280,7 @@ class MultiBinaryCodec(LeafCodec):
     """MultiBinary of any shape, stored as int8 zeros and ones."""
 
     kind = "multibinary"
+    stores_input = True
 
     def __init__(self, space: spaces.MultiBinary):
         self.space = space

@@ -138,114 +138,32 @@ class EnvRunner:
 
 
 class _GymnasiumBlock:
-    """Fast path for single-agent gymnasium envs with a Discrete action: step the raw envs in
-    one loop, then check and pack all their observations at once, leaf by leaf, with the
-    observation Layout (``pack_batch``), instead of one env at a time. Same checks, same bytes
-    as ``GymnasiumEmulation.step``; the per-env numpy calls are what dominate cheap envs."""
+    """Single-agent gymnasium envs of one layout, stepped together through
+    ``GymnasiumEmulation.step_many`` (observations packed leaf by leaf across the block),
+    then reset where their episode ended."""
 
     @staticmethod
     def applies(envs: list) -> bool:
         from packrl.emulation.gymnasium_env import GymnasiumEmulation
 
         return all(type(env) is GymnasiumEmulation for env in envs) and all(
-            env.emulated.action.kind == "discrete" for env in envs)
+            env.emulated == envs[0].emulated and env.passthrough == envs[0].passthrough for env in envs)
 
     def __init__(self, envs: list, arrays: dict[str, np.ndarray], rows: list[slice]):
-        first = envs[0]
-        self.raw = [env.env for env in envs]
-        self.start = int(first.emulated.action.discrete_parts[0].start)
-        self.layout = first.emulated.observation
-        self.passthrough = first.passthrough
-        self.codec = self.layout.root.codec if first.passthrough else None
-        lo, hi = rows[0].start, rows[-1].stop  # a block's envs own consecutive rows
-        self.base = lo
-        self.actions = arrays["actions"][lo:hi]
-        self.observations = arrays["observations"][lo:hi]
-        self.final_observations = arrays["final_observations"][lo:hi]
-        self.rewards, self.terminals = arrays["rewards"][lo:hi], arrays["terminals"][lo:hi]
-        self.truncations = arrays["truncations"][lo:hi]
-        self.flat_dict = _flat_dict_leaves(self.layout)
-        self._bound: dict[tuple, Any] = {}
-
-    def _pack_flat_dict(self, obs: list, lo: int, hi: int) -> bool:
-        """A Dict of plain leaves: stack each leaf straight into its strided view of the rows
-        and check it there (the codec's own check, on the packed values). Returns False to
-        leave anything unusual (other keys, other dtypes) to ``pack_batch`` and its errors."""
-        keys = self.flat_dict
-        if any(type(o) is not dict or len(o) != len(keys) for o in obs):
-            return False
-        bound = self._bound.get((lo, hi))
-        if bound is None:
-            bound = self._bound[(lo, hi)] = _leaf_rows(self.layout, self.observations[lo:hi], keys)
-        tree, byte_rows = bound
-        n = hi - lo
-        try:
-            columns = [[o[key] for o in obs] for key, _ in keys]
-        except KeyError:
-            return False
-        for (key, codec), column in zip(keys, columns):
-            view = tree[key]
-            dtype, shape = view.dtype, view.shape[1:]
-            if all(type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in column):
-                rows = byte_rows.get(key)
-                if rows is not None and all(v.flags.c_contiguous for v in column):
-                    for dst, v in zip(rows, column):  # one flat copy per env beats a strided stack
-                        dst[...] = v.reshape(-1).view(np.uint8)
-                else:
-                    np.stack(column, out=view)  # exact dtype and shape: no cast can happen
-                codec.check(view, (key,), (n,))  # bounds and ranges, on the written values
-            else:
-                view[...] = codec.check(column, (key,), (n,))[0]
-        return True
+        self.arrays = arrays
+        self.base = rows[0].start  # a block's envs own consecutive rows, one each
 
     def step(self, runner: "EnvRunner", lo: int, hi: int) -> list:
-        native = self.actions[lo:hi] + self.start  # checked in the main process; decode restores start
-        obs, rewards, terminals, truncations, infos = [], [], [], [], {}
-        raw = self.raw
-        for k in range(lo, hi):
-            runner.current = k
-            o, r, te, tr, info = raw[k].step(native[k - lo])
-            obs.append(o)
-            rewards.append(r)
-            terminals.append(te)
-            truncations.append(tr)
-            if info:
-                infos[k] = info
-        runner.current = lo
-        self.rewards[lo:hi] = rewards
-        self.terminals[lo:hi] = terminals
-        self.truncations[lo:hi] = truncations
-        if self.passthrough:
-            self.observations[lo:hi] = self.codec.check(np.stack(obs), (), (hi - lo,))[0]
-        elif self.flat_dict is None or not self._pack_flat_dict(obs, lo, hi):
-            self.layout.pack_batch(obs, out=self.observations[lo:hi])
-        for k in np.flatnonzero(np.logical_or(self.terminals[lo:hi], self.truncations[lo:hi])) + lo:
-            runner.current = int(k)
-            self.final_observations[k] = self.observations[k]
-            infos[int(k)] = runner._reset_after_end(runner.envs[k], infos.get(int(k), {}))
-        first = runner.first
-        return [(first + k, info) for k, info in sorted(infos.items()) if info]
+        from packrl.emulation.gymnasium_env import GymnasiumEmulation
 
-
-def _flat_dict_leaves(layout: Any) -> list | None:
-    """[(key, codec)] when the observation is a Dict of one-field leaves (Box, Discrete,
-    MultiDiscrete, MultiBinary); None otherwise."""
-    from packrl.emulation.layout import DictNode, LeafNode
-
-    root = layout.root
-    if type(root) is not DictNode or not all(type(c) is LeafNode and len(c.codec.fields) == 1 for c in root.children):
-        return None
-    if any(c.codec.kind not in ("box", "discrete", "multidiscrete", "multibinary") for c in root.children):
-        return None
-    return [(key, child.codec) for key, child in zip(root.keys, root.children)]
-
-
-def _leaf_rows(layout: Any, rows: np.ndarray, keys: list) -> tuple[dict, dict]:
-    """The leaf views of ``rows`` by key, and for large leaves each row's bytes of that leaf."""
-    tree = layout.bind(rows).tree
-    byte_rows = {}
-    for leaf in layout.leaves:
-        if leaf.nbytes >= 1024:
-            region = rows[:, leaf.offset: leaf.offset + leaf.nbytes]
-            byte_rows[leaf.path[0]] = [region[i] for i in range(len(rows))]
-    return tree, byte_rows
+        rows = {name: self.arrays[name][self.base + lo: self.base + hi] for name in BUFFERS[:-1]}
+        try:
+            infos = GymnasiumEmulation.step_many(runner.envs[lo:hi], runner.actions[lo:hi], rows)
+        except Exception as err:
+            runner.current = lo + getattr(err, "env_position", 0)
+            raise
+        ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
+        for k in ended:
+            runner.current = lo + int(k)
+            infos[k] = runner._reset_after_end(runner.envs[lo + k], infos[k])
+        return [(runner.first + lo + k, info) for k, info in enumerate(infos) if info]
