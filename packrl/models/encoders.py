@@ -62,9 +62,9 @@ class Flat(nn.Module):
         finite = (np.abs(low) < FINITE_LIMIT) & (np.abs(high) < FINITE_LIMIT)
         if leaf.dtype.kind in "iu":
             finite &= (high - low) <= INT_SCALE_LIMIT
-        half = np.where(finite, (high - low) / 2, 1.0)
-        half = np.where(half > 0, half, 1.0)
-        self.register_buffer("center", torch.as_tensor(np.where(finite, (low + high) / 2, 0.0).reshape(-1), dtype=torch.float32))
+        low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
+        half = np.where(finite & (high > low), (high - low) / 2, 1.0)
+        self.register_buffer("center", torch.as_tensor(((low + high) / 2).reshape(-1), dtype=torch.float32))
         self.register_buffer("inv_half", torch.as_tensor(1.0 / half.reshape(-1), dtype=torch.float32))
         symlog = ~finite if leaf.dtype.kind in "iu" else np.zeros_like(finite)
         self.any_symlog = bool(symlog.any())
