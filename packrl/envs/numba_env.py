@@ -344,22 +344,34 @@ class KernelSource:
                 "    _user_reset(state, obs, rng[i])"]
         one += [line.replace("return -1", "c = -1") for line in self._leaf_checks(nleaves, "    ")]
         one += ["    if c == 0:", "        c = 1"]
-        for kernel, loop, extra in (("step_serial", "range", ""), ("step_parallel", "prange", ", parallel=True")):
-            body += ["", "", f"@njit(cache=True, nogil=True, _nrt=False{extra})", f"def {kernel}({step_args}):",
-                     "    # >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
-                     "    # was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
-                     "    n = rewards.shape[0]",
-                     "    for i in range(n):"]
-            body += ["    " + line.replace("return True", "return -(i + 1)") for line in self._action_checks()]
-            body += ["    ends = 0",
-                     "    failed = 0",
-                     f"    for i in {loop}(n):"]
-            body += ["        " + line for line in one]
-            body += ["        failed += 1 if c < 0 else 0",
-                     "        ends += c if c > 0 else 0",
-                     "    if failed > 0:",
-                     "        return -(n + 1)",
-                     "    return ends"]
+        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def _step_range(lo, hi, {step_args}):",
+                 "    # copies lo .. hi - 1: (episodes ended, copies that wrote a leaf out of its space)",
+                 "    ends = 0",
+                 "    failed = 0",
+                 "    for i in range(lo, hi):"]
+        body += ["        " + line for line in one]
+        body += ["        failed += 1 if c < 0 else 0",
+                 "        ends += c if c > 0 else 0",
+                 "    return ends, failed"]
+        checks = ["    " + line.replace("return True", "return -(i + 1)") for line in self._action_checks()]
+        head = ["    # >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
+                "    # was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
+                "    n = rewards.shape[0]",
+                "    for i in range(n):", *checks]
+        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def step_serial({step_args}):", *head,
+                 f"    ends, failed = _step_range(0, n, {step_args})",
+                 "    return -(n + 1) if failed > 0 else ends"]
+        # parfors need reference counting, so the threaded kernel only splits the copies into chunks
+        # and each thread runs the reference-count-free loop above on its chunk
+        body += ["", "", "@njit(cache=True, nogil=True, parallel=True)", f"def step_parallel({step_args}, chunks):", *head,
+                 "    chunks = min(n, chunks)",
+                 "    ends = 0",
+                 "    failed = 0",
+                 "    for c in prange(chunks):",
+                 f"        e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
+                 "        ends += e",
+                 "        failed += f",
+                 "    return -(n + 1) if failed > 0 else ends"]
         body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def reset_all({', '.join(self.reset_args())}):",
                  "    # reset every copy (seeding copy i with seed + i when seeded); returns the number of bad copies",
                  "    n = rewards.shape[0]",
@@ -459,7 +471,7 @@ def compile_kernel(env_name: str, dispatcher: Dispatcher, args: tuple) -> Compil
         dispatcher.compile(sig)
     except numba_errors.NumbaError as err:
         lines = str(err).strip().splitlines()
-        ours = [line.strip() for line in lines if "step must return" in line]
+        ours = [line[line.index("step must return"):] for line in lines if "step must return" in line]
         short = "\n".join(lines[:40]) + ("\n..." if len(lines) > 40 else "")
         headline = ours[0] if ours else f"its kernels do not compile ({type(err).__name__})"
         raise EnvError(f"numba env {env_name!r}: {headline}\n{short}") from None
@@ -568,6 +580,8 @@ class BatchedNumbaEnv:
     def _compile(self) -> list[CompileRecord]:
         m = self._module
         step = m.step_parallel if self.threads > 1 else m.step_serial
+        if self.threads > 1:  # chunks per thread: a few, so a slow chunk does not hold the others up
+            self._step_tail = (*self._step_tail, np.int64(4 * self.threads))
         dummy = tuple(np.zeros((self.num_envs, *shape), dtype) for shape, dtype in self._action_shapes)
         records = [compile_kernel(self.name, step, (*dummy, *self._step_tail)),
                    compile_kernel(self.name, m.reset_all, (np.int64(0), False, *self._reset_tail))]
