@@ -1,0 +1,397 @@
+"""PPO over any packrl vector env and Policy, read top to bottom like CleanRL's ppo.py.
+
+One iteration: collect ``num_steps`` steps from every row of the vector env into storage on the
+training device, compute advantages that know termination from truncation (``advantage.py``), then
+``update_epochs`` passes of minibatches over (segment, time) slices with the clipped policy and value
+losses. Rows that are masked (dead or absent agents, AEC agents waiting for their turn) contribute
+nothing to any loss or statistic. With ``torch.distributed`` initialised (``torchrun``), every rank
+steps its own envs and gradients are averaged across ranks before each optimizer step.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from packrl.train.advantage import compute_advantages
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters, with CleanRL's names and defaults (Atari/CartPole PPO)."""
+
+    num_steps: int = 128  # rollout length per row
+    learning_rate: float = 2.5e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    vtrace: bool = False  # importance-clip the advantages (rho/c) with the current policy each epoch
+    rho_clip: float = 1.0
+    c_clip: float = 1.0
+    bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
+    bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
+    bf16: bool = False  # bfloat16 autocast for forward passes
+    compile: bool = False  # torch.compile the policy's forward passes
+    seed: int = 0
+    device: str = "auto"  # "auto": cuda when present, else cpu
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+@dataclass
+class EpisodeTracker:
+    """Per-row return and length, recorded when a row's episode ends (masked steps add nothing)."""
+
+    num_rows: int
+    returns: np.ndarray = field(init=False)
+    lengths: np.ndarray = field(init=False)
+    finished: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.returns = np.zeros(self.num_rows, np.float64)
+        self.lengths = np.zeros(self.num_rows, np.int64)
+
+    def step(self, rewards: np.ndarray, ended: np.ndarray, acted: np.ndarray) -> None:
+        self.returns += rewards
+        self.lengths += acted
+        for row in np.flatnonzero(ended):
+            self.finished.append((float(self.returns[row]), int(self.lengths[row])))
+        self.returns[ended] = 0.0
+        self.lengths[ended] = 0
+
+    def pop(self) -> list[tuple[float, int]]:
+        done, self.finished = self.finished, []
+        return done
+
+
+class PPO:
+    """``PPO(vecenv, policy, config).train(total_steps)``; ``collect()`` and ``update()`` are the two halves
+    of one iteration. ``vecenv`` follows packrl's vector contract (``reset``, ``step``, ``masks``,
+    ``final_observations``); ``policy`` is a ``packrl.models.Policy``."""
+
+    def __init__(self, vecenv: Any, policy: nn.Module, config: PPOConfig | None = None):
+        self.env, self.config = vecenv, config or PPOConfig()
+        cfg = self.config
+        self.device = cfg.resolve_device()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        torch.manual_seed(cfg.seed)
+        self.policy = policy.to(self.device)
+        if self.world > 1:  # every rank starts from rank 0's weights
+            for p in self.policy.state_dict().values():
+                dist.broadcast(p.data, src=0)
+        self.optimizer = _adam(self.policy.parameters(), cfg.learning_rate)
+        self.forward_eval = torch.compile(policy.forward_eval) if cfg.compile else policy.forward_eval
+        self.forward = torch.compile(policy.forward) if cfg.compile else policy.forward
+        self.recurrent = len(policy.initial_state(1, self.device)) > 0
+        self.horizon = (cfg.bptt_horizon or cfg.num_steps) if self.recurrent else 1
+        if cfg.num_steps % self.horizon:
+            raise ValueError(f"num_steps={cfg.num_steps} must be a multiple of bptt_horizon={self.horizon}")
+        self.num_rows = vecenv.num_agents
+        self.global_step = 0  # agent steps (acting rows) summed over ranks
+        self.iteration = 0
+        self.episodes = EpisodeTracker(self.num_rows)
+        self._allocate_storage()
+        obs, _ = vecenv.reset(seed=cfg.seed + self.rank * getattr(vecenv, "num_envs", self.num_rows))
+        self.next_obs = self._put(torch.empty_like(self.obs[0]), obs, "obs")
+        self.next_mask = self._put(torch.empty_like(self.masks[0]), vecenv.masks, "mask")
+        self.next_start = torch.ones(self.num_rows, dtype=torch.bool, device=self.device)
+        self.state = policy.initial_state(self.num_rows, self.device)
+
+    # ------------------------------------------------------------------ storage
+
+    def _allocate_storage(self) -> None:
+        T, N, dev = self.config.num_steps, self.num_rows, self.device
+        row = self.env.observations
+        self.obs = torch.zeros((T, N, *row.shape[1:]), dtype=_torch_dtype(row.dtype), device=dev)
+        self.actions: Any = None  # allocated on the first step, from the decoder's action form
+        self.logprobs = torch.zeros((T, N), device=dev)
+        self.values = torch.zeros((T, N), device=dev)
+        self.final_values = torch.zeros((T, N), device=dev)
+        self.rewards = torch.zeros((T, N), device=dev)
+        self.terminals = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.truncations = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.masks = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.starts = torch.zeros((T, N), dtype=torch.bool, device=dev)  # first step of an episode: reset state
+        self.segment_states: list = []  # recurrent state at the start of each bptt segment
+        # Pinned host staging so host -> GPU copies overlap with the policy (no-ops on CPU).
+        pin = dev.type == "cuda"
+        self._host = {
+            "obs": torch.zeros(row.shape, dtype=_torch_dtype(row.dtype), pin_memory=pin),
+            "mask": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
+            "reward": torch.zeros(N, dtype=torch.float32, pin_memory=pin),
+            "terminal": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
+            "truncation": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
+        }
+
+    def _put(self, dst: torch.Tensor, array: np.ndarray, name: str) -> torch.Tensor:
+        """Copy env arrays into device storage. On CUDA through a pinned buffer with a non-blocking copy:
+        the buffer is rewritten only on the next step, after ``to_numpy`` has synchronised the stream."""
+        src = torch.from_numpy(np.asarray(array))
+        if self.device.type == "cuda":
+            src = self._host[name].copy_(src)
+        return dst.copy_(src, non_blocking=True)
+
+    def _store_actions(self, t: int, action: Any) -> None:
+        if self.actions is None:
+            T = self.config.num_steps
+            alloc = lambda a: torch.zeros((T, *a.shape), dtype=a.dtype, device=self.device)  # noqa: E731
+            self.actions = {k: alloc(v) for k, v in action.items()} if isinstance(action, dict) else alloc(action)
+        if isinstance(action, dict):
+            for k, v in action.items():
+                self.actions[k][t] = v
+        else:
+            self.actions[t] = action
+
+    # ------------------------------------------------------------------ rollout
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+
+    @torch.no_grad()
+    def collect(self) -> dict[str, float]:
+        """Fill storage with ``num_steps`` steps of every row."""
+        cfg, env, decoder = self.config, self.env, self.policy.decoder
+        start_time = time.perf_counter()
+        self.segment_states = []
+        acted = 0
+        for t in range(cfg.num_steps):
+            if t % self.horizon == 0:
+                self.segment_states.append(tuple(s.clone() for s in self.state))
+            self.obs[t], self.masks[t], self.starts[t] = self.next_obs, self.next_mask, self.next_start
+            with self._autocast():
+                logits, value, self.state = self.forward_eval(self.next_obs, self.state, self.next_start)
+            dist_ = decoder.distribution(logits.float())
+            action = dist_.sample()
+            self.logprobs[t] = dist_.log_prob(action)
+            self.values[t] = value.float().reshape(-1)
+            self._store_actions(t, action)
+
+            acting = env.masks.copy()  # the rows that acted on this step's observation
+            obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
+            self._put(self.rewards[t], rewards, "reward")
+            self._put(self.terminals[t], terminals, "terminal")
+            self._put(self.truncations[t], truncations, "truncation")
+            ended = np.asarray(terminals) | np.asarray(truncations)
+            self.episodes.step(np.asarray(rewards, np.float64), ended, acting)
+            acted += int(acting.sum())
+            if (truncated := np.flatnonzero(np.asarray(truncations) & ~np.asarray(terminals))).size:
+                self.final_values[t] = 0.0
+                self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
+            self._put(self.next_obs, obs, "obs")
+            self._put(self.next_mask, env.masks, "mask")
+            self.next_start = torch.from_numpy(ended).to(self.device)
+        with self._autocast():
+            _, next_value, _ = self.forward_eval(self.next_obs, self.state, self.next_start)
+        self.next_value = next_value.float().reshape(-1)
+        acted = _all_sum(acted, self.device) if self.world > 1 else acted
+        self.global_step += acted
+        return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
+
+    def _final_values(self, final_obs: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+        """V(final observation) of rows that truncated, from the state that saw their episode."""
+        x = torch.as_tensor(np.ascontiguousarray(final_obs)).to(self.device)
+        idx = torch.from_numpy(rows).to(self.device)
+        state = tuple(s[idx] for s in self.state)
+        with self._autocast():
+            _, value, _ = self.forward_eval(x, state, None)
+        return value.float().reshape(-1)
+
+    # ------------------------------------------------------------------ advantages
+
+    def advantages(self, ratios: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, value targets), both 0 on masked rows so nothing they hold reaches a gradient."""
+        cfg = self.config
+        terminals = self.terminals if cfg.bootstrap_truncation else self.terminals | self.truncations
+        advantages = compute_advantages(
+            self.values, self.rewards, terminals, self.truncations, self.final_values, self.next_value,
+            self.masks, cfg.gamma, cfg.gae_lambda, ratios, cfg.rho_clip, cfg.c_clip).to(self.device)
+        return advantages, torch.where(self.masks, advantages + self.values, 0.0)
+
+    # ------------------------------------------------------------------ update
+
+    def _segments(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, N, ...) -> (segments, horizon, ...): each row's rollout cut into bptt windows."""
+        T, N, L = x.shape[0], x.shape[1], self.horizon
+        return x.reshape(T // L, L, N, *x.shape[2:]).transpose(1, 2).reshape(T // L * N, L, *x.shape[2:])
+
+    def update(self) -> dict[str, float]:
+        cfg = self.config
+        start_time = time.perf_counter()
+        advantages, returns = self.advantages()
+        b_obs, b_masks, b_starts = self._segments(self.obs), self._segments(self.masks), self._segments(self.starts)
+        b_logprobs = self._segments(torch.where(self.masks, self.logprobs, 0.0))
+        b_values = self._segments(torch.where(self.masks, self.values, 0.0))
+        b_actions = ({k: self._segments(v) for k, v in self.actions.items()} if isinstance(self.actions, dict)
+                     else self._segments(self.actions))
+        b_states = tuple(torch.stack(parts).reshape(-1, *parts[0].shape[1:]) for parts in zip(*self.segment_states))
+        num_segments = b_obs.shape[0]
+        minibatch = max(num_segments // cfg.num_minibatches, 1)
+
+        # Statistics stay tensors until the end: one host sync per update, not one per minibatch.
+        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac")}
+        for epoch in range(cfg.update_epochs):
+            if cfg.vtrace and epoch > 0:
+                advantages, returns = self.advantages(self._current_ratios(b_obs, b_states, b_starts, b_actions, b_logprobs))
+            b_advantages, b_returns = self._segments(advantages), self._segments(returns)
+            order = torch.randperm(num_segments, device=self.device)
+            for first in range(0, num_segments, minibatch):
+                mb = order[first:first + minibatch]
+                mask = b_masks[mb]
+                count = mask.sum().clamp(min=1).float()
+                masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
+
+                with self._autocast():
+                    logits, newvalue, _ = self.forward(b_obs[mb], tuple(s[mb] for s in b_states), b_starts[mb])
+                dist_ = self.policy.decoder.distribution(logits.float())
+                newlogprob = dist_.log_prob(_index(b_actions, mb))
+                entropy = dist_.entropy()
+                newvalue = newvalue.float().reshape(mask.shape)
+                logratio = torch.where(mask, newlogprob - b_logprobs[mb], 0.0)
+                ratio = logratio.exp()
+
+                with torch.no_grad():
+                    stats["old_approx_kl"].append(masked_mean(-logratio))
+                    stats["approx_kl"].append(masked_mean((ratio - 1) - logratio))
+                    stats["clipfrac"].append(masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()))
+
+                mb_advantages = b_advantages[mb]
+                if cfg.norm_adv:
+                    mean = masked_mean(mb_advantages)
+                    std = (masked_mean((mb_advantages - mean) ** 2) * count / (count - 1).clamp(min=1.0)).sqrt()
+                    mb_advantages = (mb_advantages - mean) / (std + 1e-8)
+
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2))
+
+                # Value loss
+                if cfg.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
+                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -cfg.clip_coef, cfg.clip_coef)
+                    v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
+                    v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped))
+                else:
+                    v_loss = 0.5 * masked_mean((newvalue - b_returns[mb]) ** 2)
+
+                entropy_loss = masked_mean(entropy)
+                loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
+
+                self.optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                if self.world > 1:
+                    _average_gradients(self.policy)
+                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                stats["pg_loss"].append(pg_loss.detach())
+                stats["v_loss"].append(v_loss.detach())
+                stats["entropy"].append(entropy_loss.detach())
+
+            if cfg.target_kl is not None and torch.stack(stats["approx_kl"]).mean().item() > cfg.target_kl:
+                break
+
+        out = {k: torch.stack(v).mean().item() for k, v in stats.items()}
+        out["explained_variance"] = _explained_variance(self.values, returns, self.masks)
+        out["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        out["update_seconds"] = time.perf_counter() - start_time
+        return out
+
+    @torch.no_grad()
+    def _current_ratios(self, b_obs: torch.Tensor, b_states: tuple, b_starts: torch.Tensor, b_actions: Any,
+                        b_logprobs: torch.Tensor) -> torch.Tensor:
+        """pi_current / pi_rollout for every stored step, back in (T, N) order (for V-trace clipping)."""
+        with self._autocast():
+            logits, _, _ = self.forward(b_obs, b_states, b_starts)
+        logratio = self.policy.decoder.distribution(logits.float()).log_prob(b_actions) - b_logprobs
+        T, N, L = self.config.num_steps, self.num_rows, self.horizon
+        return logratio.exp().reshape(T // L, N, L).transpose(1, 2).reshape(T, N)
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self, total_steps: int, callback: Callable[[dict], Any] | None = None) -> list[dict]:
+        """Iterate until ``total_steps`` agent steps (all ranks). ``callback(stats)`` after each iteration;
+        returning False stops early. Returns the per-iteration stats."""
+        cfg = self.config
+        steps_per_iteration = cfg.num_steps * self.num_rows * self.world
+        num_iterations = max(math.ceil(total_steps / steps_per_iteration), 1)
+        history = []
+        for iteration in range(1, num_iterations + 1):
+            if cfg.anneal_lr:
+                self.optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * cfg.learning_rate
+            tic = time.perf_counter()
+            stats = self.collect()
+            stats.update(self.update())
+            self.iteration += 1
+            episodes = self.episodes.pop()
+            stats.update(iteration=self.iteration, global_step=self.global_step,
+                         sps=stats["agent_steps"] / (time.perf_counter() - tic), episodes=len(episodes))
+            if episodes:
+                stats["episode_return"] = float(np.mean([r for r, _ in episodes]))
+                stats["episode_length"] = float(np.mean([n for _, n in episodes]))
+            history.append(stats)
+            if callback is not None and callback(stats) is False:
+                break
+        return history
+
+    def hyperparameters(self) -> dict:
+        return asdict(self.config)
+
+
+def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
+    """Adam with CleanRL's eps; the fused kernel (CPU and CUDA) when this torch has it."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, eps=1e-5, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, eps=1e-5)
+
+
+def _index(actions: Any, idx: torch.Tensor) -> Any:
+    return {k: v[idx] for k, v in actions.items()} if isinstance(actions, dict) else actions[idx]
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor, masks: torch.Tensor) -> float:
+    y_pred, y_true = values[masks].double(), returns[masks].double()
+    var_y = y_true.var() if y_true.numel() > 1 else torch.tensor(float("nan"))
+    return float("nan") if not torch.isfinite(var_y) or var_y == 0 else float(1 - (y_true - y_pred).var() / var_y)
+
+
+def _average_gradients(module: nn.Module) -> None:
+    """One all-reduce over all gradients flattened together (DDP's effect, without wrapping the
+    policy: PPO calls ``forward_eval`` and ``forward``, which DDP's hooks on ``__call__`` would miss)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _all_sum(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype

@@ -1,0 +1,118 @@
+"""PPO: the truncation bootstrap, masked rows, recurrent segments, bf16, and data parallel over gloo."""
+import os
+import socket
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from packrl import vector
+from packrl.models import Policy
+from packrl.train.ppo import PPO, PPOConfig
+
+
+class Alive(gym.Env):
+    """+1 every step, never terminates, and the observation does not show the time: only the TimeLimit
+    ends episodes, so the true value of every state is 1 / (1 - gamma)."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+def _alive_value(bootstrap_truncation: bool) -> float:
+    env = vector.make(lambda: gym.wrappers.TimeLimit(Alive(), max_episode_steps=8), 4, seed=0)
+    torch.manual_seed(0)
+    policy = Policy.from_env(env, network="mlp", hidden=16)
+    ppo = PPO(env, policy, PPOConfig(num_steps=16, learning_rate=1e-2, gamma=0.9, gae_lambda=0.95, clip_vloss=False,
+                                     update_epochs=4, num_minibatches=1, anneal_lr=False,
+                                     bootstrap_truncation=bootstrap_truncation, seed=0))
+    ppo.train(16 * 4 * 60)
+    with torch.no_grad():
+        _, value, _ = policy.forward_eval(torch.as_tensor(env.observations), ())
+    return float(value.mean())
+
+
+def test_truncation_bootstraps_to_the_infinite_horizon_value():
+    """gamma = 0.9: the value is 10 with the bootstrap; ORing truncation into done learns the average
+    of (1 - 0.9^k) / 0.1 over the 8 steps of an episode, about 4.5."""
+    right, wrong = _alive_value(True), _alive_value(False)
+    assert abs(right - 10.0) < 1.0, right
+    assert wrong < 6.0, wrong
+
+
+def test_update_statistics_are_finite_and_masked_rows_are_excluded():
+    env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=0)
+    ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1))
+    ppo.collect()
+    ppo.masks[:, 1] = False  # as if row 1 were a dead agent for the whole rollout
+    ppo.rewards[:, 1] = float("nan")  # anything it carries must not reach the losses
+    ppo.values[:, 1] = float("nan")
+    stats = ppo.update()
+    for key in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "explained_variance"):
+        assert np.isfinite(stats[key]), (key, stats[key])
+    assert all(torch.isfinite(p).all() for p in ppo.policy.parameters())
+
+
+@pytest.mark.parametrize("network", ["lstm", "gru", "mingru"])
+def test_recurrent_segments_reproduce_the_rollout_log_probs(network):
+    """Before any update, the training forward over (segment, time) with resets at episode starts
+    must give back the log-probs and values the rollout computed step by step."""
+    env = vector.make(lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7), 3, seed=0)
+    ppo = PPO(env, Policy.from_env(env, network=network, hidden=16), PPOConfig(num_steps=12, bptt_horizon=4))
+    ppo.collect()
+    assert ppo.starts[1:].any(), "episodes must end inside the rollout"
+    b_states = tuple(torch.stack(p).reshape(-1, *p[0].shape[1:]) for p in zip(*ppo.segment_states))
+    with torch.no_grad():
+        logits, values, _ = ppo.policy.forward(ppo._segments(ppo.obs), b_states, ppo._segments(ppo.starts))
+        logprobs = ppo.policy.decoder.distribution(logits).log_prob(ppo._segments(ppo.actions))
+    torch.testing.assert_close(logprobs, ppo._segments(ppo.logprobs), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(values, ppo._segments(ppo.values), rtol=1e-4, atol=1e-4)
+    stats = ppo.update()
+    assert np.isfinite(stats["pg_loss"])
+
+
+def test_bf16_autocast_trains():
+    env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=0)
+    ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=8, bf16=True))
+    before = [p.detach().clone() for p in ppo.policy.parameters()]
+    history = ppo.train(32)
+    assert np.isfinite(history[-1]["v_loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=100 * rank)
+    torch.manual_seed(rank)  # different initial weights: PPO must broadcast rank 0's
+    ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=16, num_minibatches=2, update_epochs=2,
+                                                               seed=rank))
+    initial = {k: v.clone() for k, v in ppo.policy.state_dict().items()}
+    ppo.train(2 * 16 * 2 * world)
+    torch.save({"initial": initial, "final": ppo.policy.state_dict(), "obs": ppo.obs.clone(),
+                "global_step": ppo.global_step}, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_hold_identical_weights_after_updates(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert not torch.equal(r0["obs"], r1["obs"]), "ranks must have stepped different envs"
+    assert r0["global_step"] == r1["global_step"] == 2 * 16 * 2 * 2
+    for name, w in r0["final"].items():
+        torch.testing.assert_close(w, r1["final"][name], rtol=0, atol=0)
+        torch.testing.assert_close(r0["initial"][name], r1["initial"][name], rtol=0, atol=0)
+    assert any(not torch.equal(r0["initial"][k], r0["final"][k]) for k in r0["final"])
