@@ -9,7 +9,7 @@ from torch import nn
 
 from packrl import EmulationError, NativizeError
 from packrl.emulation import ActionLayout, Layout, emulate
-from packrl.models import LayoutEncoder, LSTMWrapper, Policy
+from packrl.models import LayoutEncoder, LSTMWrapper, Policy, leaf_tensors
 
 RICH = spaces.Dict({
     "pos": spaces.Box(-2, 2, (3,), np.float32),
@@ -88,7 +88,8 @@ def test_eager_and_compiled_forward_eval_agree():
                          "room": spaces.Discrete(5, start=3), "action_mask": spaces.Box(0, 1, (6,), np.int8)})
     layout = Layout.from_space(space)
     torch.manual_seed(0)
-    policy = Policy.from_layouts(layout, spaces.Discrete(6), "mlp", hidden=16, action_mask=("action_mask",))
+    # hidden 8 <= batch 8: the Flat scaling folded into the projection is what gets compiled
+    policy = Policy.from_layouts(layout, spaces.Discrete(6), "mlp", hidden=8, action_mask=("action_mask",))
     x = _rows(layout, space, 8, seed=3)
     want = policy.forward_eval(x, ())
     got = torch.compile(policy.forward_eval, fullgraph=True)(x, ())
@@ -236,3 +237,17 @@ def test_legacy_policy_through_the_recurrent_wrapper():
     assert len(wrapped.state_dict()) == len(set(map(id, wrapped.parameters())))  # weights listed once
     with pytest.raises(TypeError, match="encode_observations"):
         LSTMWrapper(nn.Linear(2, 2), spaces.Discrete(2))
+
+
+def test_folded_scaling_equals_the_scaled_concatenation():
+    torch.manual_seed(0)
+    encoder = LayoutEncoder(RICH_LAYOUT, 8)
+    x = _rows(RICH_LAYOUT, RICH, 16)  # batch >= hidden: Flat scaling folded into the projection
+    folded = encoder(x)
+    values = leaf_tensors(x, RICH_LAYOUT)
+    from packrl.emulation.codecs import TextView
+
+    parts = [m(TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]])
+             for m, ids, text in zip(encoder.leaf_encoders, encoder.groups, encoder.text)]
+    torch.testing.assert_close(folded, encoder.project(torch.cat(parts, -1)), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(folded[:3], encoder(x[:3]), rtol=1e-4, atol=1e-5)  # small batch: data scaled

@@ -64,18 +64,23 @@ class Flat(nn.Module):
             finite &= (high - low) <= INT_SCALE_LIMIT
         low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
         half = np.where(finite & (high > low), (high - low) / 2, 1.0)
-        self.register_buffer("center", torch.as_tensor(((low + high) / 2).reshape(-1), dtype=torch.float32))
-        self.register_buffer("inv_half", torch.as_tensor(1.0 / half.reshape(-1), dtype=torch.float32))
+        # y = x * scale + shift is (x - center) / half; symlog entries keep scale 1, shift 0
+        self.register_buffer("scale", torch.as_tensor(np.where(finite, 1.0 / half, 1.0).reshape(-1), dtype=torch.float32))
+        self.register_buffer("shift", torch.as_tensor(np.where(finite, -(low + high) / 2 / half, 0.0).reshape(-1), dtype=torch.float32))
         symlog = ~finite if leaf.dtype.kind in "iu" else np.zeros_like(finite)
         self.any_symlog = bool(symlog.any())
         self.register_buffer("symlog", torch.as_tensor(symlog.reshape(-1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """The leaf as floats before the affine scaling (symlog already applied where it is due).
+        LayoutEncoder folds ``scale`` and ``shift`` into its projection instead: one pass over the data."""
         x = x.reshape(x.shape[0], -1).float()
-        y = (x - self.center) * self.inv_half
         if self.any_symlog:
-            y = torch.where(self.symlog, torch.sign(x) * torch.log1p(x.abs()), y)
-        return y
+            x = torch.where(self.symlog, torch.sign(x) * torch.log1p(x.abs()), x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.shift, self.raw(x), self.scale)
 
 
 class DiscreteEmbedding(nn.Module):
@@ -338,10 +343,23 @@ class LayoutEncoder(nn.Module):
         else:
             batch = tuple(x.shape[:-1])
             values = leaf_tensors(x.reshape(-1, x.shape[-1]), self.layout)
-        parts = []
+        # Linear(concat(parts)) computed leaf by leaf, without the concatenation copy. For batches at
+        # least as large as the hidden width, a Flat leaf's affine scaling is folded into its weight
+        # columns (W (s x + t) = (W s) x + W t): the data is read once, as in a plain float cast,
+        # and the weights keep the scaled parameterization. Small batches scale the data instead.
+        weight, out, first = self.project[0].weight, self.project[0].bias, 0
+        fold = values[0].shape[0] >= self.hidden
         for module, ids, text in zip(self.leaf_encoders, self.groups, self.text):
-            parts.append(module(TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]]))
-        return self.project(torch.cat(parts, -1)).reshape(batch + (self.hidden,))
+            value = TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]]
+            if fold and type(module) is Flat:
+                part = module.raw(value)
+                w = weight[:, first:first + part.shape[-1]]
+                out = torch.addmm(out + w @ module.shift, part, (w * module.scale).T)
+            else:
+                part = module(value)
+                out = torch.addmm(out, part, weight[:, first:first + part.shape[-1]].T)
+            first += part.shape[-1]
+        return self.project[1](out).reshape(batch + (self.hidden,))
 
 
 def _is_passthrough(x: torch.Tensor, leaf: Leaf) -> bool:
