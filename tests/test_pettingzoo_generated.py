@@ -38,8 +38,7 @@ class ScriptedParallelEnv(ParallelEnv):
 
     def _observe(self, agent):
         space = self._obs_spaces[agent]
-        space.seed(int(self.rng.integers(2**31)))
-        return extreme(space, space.sample(), self.rng)
+        return extreme(space, sample(space, self.rng), self.rng)
 
     def reset(self, seed=None, options=None):
         self.rng = np.random.default_rng(seed)
@@ -79,6 +78,19 @@ class ScriptedParallelEnv(ParallelEnv):
         self.agents = [a for a in self.possible_agents if a in staying]
         self.last = (obs, rewards, terminations, truncations)
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
+
+
+def sample(space: spaces.Space, rng: np.random.Generator):
+    """space.sample(), except integer Boxes, drawn by numpy directly: gymnasium's Box sampler
+    overflows on ranges as wide as the dtype (int64 [0, 2**63 - 1])."""
+    if isinstance(space, spaces.Dict):
+        return {k: sample(s, rng) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(sample(s, rng) for s in space.spaces)
+    if isinstance(space, spaces.Box) and space.dtype.kind in "iu":
+        return rng.integers(space.low, space.high, endpoint=True, dtype=space.dtype)
+    space.seed(int(rng.integers(2**31)))
+    return space.sample()
 
 
 # ---------------------------------------------------------------- comparisons

@@ -36,6 +36,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated, Group, group_agents
+from packrl.emulation.layout import DictNode, LeafNode
 from packrl.errors import EmulationError
 
 
@@ -70,7 +71,7 @@ class _AgentRows:
             self.single_observation_space = spaces.Box(0, 255, (self.emulated.nbytes,), np.uint8)
             observations = np.zeros((self.num_agents, self.emulated.nbytes), dtype=np.uint8)
         self.single_action_space = _shared_action_space(self.emulated)
-        self._pending = np.zeros(self.num_agents, dtype=np.float64)
+        self._pending = [0.0] * self.num_agents  # rewards not yet delivered, per row
         self.set_buffers(observations, np.zeros_like(observations), np.zeros(self.num_agents, np.float32),
                          np.zeros(self.num_agents, bool), np.zeros(self.num_agents, bool),
                          np.zeros(self.num_agents, bool))
@@ -93,8 +94,18 @@ class _AgentRows:
         """Per row, a function that checks one observation and writes it into that row."""
         if self.passthrough:
             codec = self.emulated.observation.root.codec
-            return [_box_writer(codec, buf, row) for row in range(self.num_agents)]
-        return [g.observation.bind(buf[row, : g.observation.nbytes]).pack for row, g in enumerate(self._row_groups)]
+            return [_leaf_writer(codec, buf[row, ...]) for row in range(self.num_agents)]  # 0-d rows stay views
+        writers = []
+        for row, group in enumerate(self._row_groups):
+            bound = group.observation.bind(buf[row, : group.observation.nbytes])
+            root = group.observation.root
+            if _single_field(root):  # one leaf (a Box per role, as MPE and MAgent give): no tree walk
+                writers.append(_leaf_writer(root.codec, bound.views[0]))
+            elif type(root) is DictNode and all(_single_field(c) for c in root.children):
+                writers.append(_flat_dict_writer(root, bound))  # classic games: {observation, action_mask}
+            else:
+                writers.append(bound.pack)
+        return writers
 
     def _write(self, writers: list, row: int, obs: Any) -> None:
         try:
@@ -108,7 +119,7 @@ class _AgentRows:
         self.terminals[:] = False
         self.truncations[:] = False
         self.masks[:] = False
-        self._pending[:] = 0.0
+        self._pending = [0.0] * self.num_agents
 
     # ------------------------------------------------------------ agents and actions
 
@@ -179,8 +190,8 @@ class ParallelEmulation(_AgentRows):
 
     def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
         super().__init__(env, round_floats, action_mask_key)
-        self._alive: list[int] = []  # rows of agents that act next step, in possible_agents order
-        self._ended = np.ones(self.num_agents, dtype=bool)  # row's agent ended (or never appeared)
+        self._alive: list[int] = []  # rows of the agents that act next step
+        self._ended = [True] * self.num_agents  # per row: the agent ended (or has not appeared yet)
         self._done = True
 
     @property
@@ -191,7 +202,7 @@ class ParallelEmulation(_AgentRows):
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
         self._clear()
-        self._ended[:] = True
+        self._ended = [True] * self.num_agents
         for agent, value in obs.items():
             row = self.row_of_reported(agent)
             self._write(self._obs_writers, row, value)
@@ -210,50 +221,53 @@ class ParallelEmulation(_AgentRows):
         return self.observations, self.rewards, self.terminals, self.truncations, infos
 
     def _record(self, obs: dict, rewards: dict, terminations: dict, truncations: dict) -> None:
-        self.terminals[:] = False
-        self.truncations[:] = False
-        pending = self._pending
+        """Write one step's outputs into the rows. Plain Python per reported agent: with the few to
+        few hundred agents of PettingZoo envs this beats whole-array numpy passes."""
+        masks, terminals, truncs, ended = self.masks, self.terminals, self.truncations, self._ended
+        masks[:] = False  # full clears: a vector backend may have restored flags after a reset
+        terminals[:] = False
+        truncs[:] = False
+        self.rewards[:] = 0.0
+        pending, row_of = self._pending, self._row
         for agent, reward in rewards.items():
-            pending[self.row_of_reported(agent)] += reward
-        was_alive = self.masks.copy()
-        self.masks[:] = False
+            pending[row_of[agent] if agent in row_of else self.row_of_reported(agent)] += reward
+        for flags in (terminations, truncations):
+            if not flags.keys() <= row_of.keys():
+                self.row_of_reported(next(a for a in flags if a not in row_of))
+        alive, delivered = [], []
         for agent, value in obs.items():
-            row = self.row_of_reported(agent)
-            terminated, truncated = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
+            row = row_of[agent] if agent in row_of else self.row_of_reported(agent)
+            terminated, truncated = terminations.get(agent, False), truncations.get(agent, False)
             if terminated or truncated:
                 self._write(self._final_writers, row, value)
-                self.terminals[row], self.truncations[row] = terminated, truncated
-                self._ended[row] = True
+                terminals[row], truncs[row] = terminated, truncated
+                ended[row] = True
             else:
                 self._write(self._obs_writers, row, value)
-                self.masks[row] = True
-                self._ended[row] = False
-        self._check_ends_without_observation(obs, terminations, truncations, was_alive)
-        ended_now = was_alive & ~self.masks
-        if ended_now.any():
-            self.observations[ended_now] = 0  # gone agents' rows hold zeros, not stale data
-        self._alive = [int(r) for r in np.flatnonzero(self.masks)]
-        self._done = not self._alive and self._none_to_come()
-        deliver = slice(None) if self._done else (self.masks | self.terminals | self.truncations)
-        self.rewards[:] = 0.0
-        self.rewards[deliver] = pending[deliver]
-        pending[deliver] = 0.0
+                masks[row] = True
+                ended[row] = False
+                alive.append(row)
+            delivered.append(row)
+        for row in self._alive:
+            if not masks[row]:
+                if not (terminals[row] or truncs[row]):
+                    self._refuse_disappearance(row, terminations, truncations)
+                self.observations[row] = 0  # a gone agent's row holds zeros, not stale data
+        self._alive = alive
+        self._done = not alive and self._none_to_come()
+        for row in range(self.num_agents) if self._done else delivered:
+            if pending[row]:
+                self.rewards[row] = pending[row]
+                pending[row] = 0.0
 
-    def _check_ends_without_observation(self, obs: dict, terminations: dict, truncations: dict,
-                                        was_alive: np.ndarray) -> None:
-        """Every agent alive before the step must come back with an observation (its final one if it
-        ended). Ends reported again for agents that already ended are repeats, not news."""
-        for flags in (terminations, truncations):
-            unknown = flags.keys() - self._row.keys()
-            if unknown:
-                self.row_of_reported(next(iter(unknown)))
-        for row in np.flatnonzero(was_alive & ~self.masks & ~self.terminals & ~self.truncations):
-            agent = self.possible_agents[row]
-            if terminations.get(agent, False) or truncations.get(agent, False):
-                raise EmulationError(f"the env ended agent {agent!r} without its final observation "
-                                     "(PettingZoo's parallel API returns it in the step's observations)")
-            raise EmulationError(f"agent {agent!r} was alive but the env returned neither an observation nor a "
-                                 "termination or truncation for it")
+    def _refuse_disappearance(self, row: int, terminations: dict, truncations: dict) -> None:
+        """An agent alive before the step came back with no observation (and no final one)."""
+        agent = self.possible_agents[row]
+        if terminations.get(agent, False) or truncations.get(agent, False):
+            raise EmulationError(f"the env ended agent {agent!r} without its final observation "
+                                 "(PettingZoo's parallel API returns it in the step's observations)")
+        raise EmulationError(f"agent {agent!r} was alive but the env returned neither an observation nor a "
+                             "termination or truncation for it")
 
     def _none_to_come(self) -> bool:
         """No agent of env.agents is still waiting to appear."""
@@ -284,6 +298,11 @@ class AECEmulation(_AgentRows):
         """The agent whose row is unmasked (None once the game is over)."""
         return None if self._acting is None else self.possible_agents[self._acting]
 
+    @property
+    def acting_row(self) -> int | None:
+        """The row of the acting agent (None once the game is over)."""
+        return self._acting
+
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         self.env.reset(seed=seed, options=options)
         self._clear()
@@ -295,7 +314,10 @@ class AECEmulation(_AgentRows):
         row = self._acting
         if row is None:
             raise EmulationError("the game is over (no agent left to act): call reset() before step()")
-        native = self._row_actions(actions, [row])[self.possible_agents[row]]
+        if isinstance(actions, np.ndarray) and actions.ndim and actions.shape[0] == self.num_agents:
+            native = self._decode(row, actions[row])  # the usual batch: read the acting row only
+        else:
+            native = self._row_actions(actions, [row])[self.possible_agents[row]]
         self.env.step(native)
         self.rewards[:] = 0.0
         self.terminals[:] = False
@@ -312,8 +334,7 @@ class AECEmulation(_AgentRows):
         while env.agents:
             agent = env.agent_selection
             row = self.row_of_reported(agent)
-            terminated, truncated = bool(env.terminations[agent]), bool(env.truncations[agent])
-            obs, reward, _, _, info = env.last()
+            obs, reward, terminated, truncated, info = env.last()
             self.rewards[row] += reward
             infos[agent] = info
             if terminated or truncated:
@@ -334,9 +355,29 @@ class AECEmulation(_AgentRows):
 
 # ---------------------------------------------------------------- helpers
 
-def _box_writer(codec: Any, buf: np.ndarray, row: int) -> Any:
+def _leaf_writer(codec: Any, view: np.ndarray) -> Any:
+    """Check one leaf's value and write it into its typed view of a row."""
     def write(obs: Any) -> None:
-        buf[row] = codec.check(obs, ())[0]
+        view[...] = codec.check(obs, ())[0]
+    return write
+
+
+def _single_field(node: Any) -> bool:
+    return type(node) is LeafNode and len(node.codec.fields) == 1
+
+
+def _flat_dict_writer(root: DictNode, bound: Any) -> Any:
+    """A Dict of plain leaves written key by key; anything unusual (other keys, not a dict) goes
+    through the layout's own pack, which names what is wrong."""
+    keys = frozenset(root.keys)
+    items = [(key, child.codec, bound.views[child.leaf_ids[0]], (key,)) for key, child in zip(root.keys, root.children)]
+
+    def write(obs: Any) -> None:
+        if type(obs) is not dict or obs.keys() != keys:
+            bound.pack(obs)
+            return
+        for key, codec, view, path in items:
+            view[...] = codec.check(obs[key], path)[0]
     return write
 
 
