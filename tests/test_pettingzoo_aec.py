@@ -86,10 +86,10 @@ def check_turns(wrapped, ended, live, totals) -> None:
     assert not wrapped.truncations[others].any() and not wrapped.observations[others].any()
 
 
-def play_side_by_side(make, seed: int, choose, max_turns: int = 10_000) -> tuple[dict, dict, int, int]:
+def play_side_by_side(make, seed: int, choose, max_turns: int = 10_000) -> tuple[dict, dict, int, int, object]:
     """Play one game on the raw env and through the wrapper with the same seed and moves. Returns
-    both reward totals per agent, the number of turns and of turns after which an agent ended
-    while the game went on."""
+    both reward totals per agent, the number of turns, of turns after which an agent ended while
+    the game went on, and the wrapped env."""
     raw, wrapped = make(), emulate(make())
     raw.reset(seed=seed)
     wrapped.reset(seed=seed)
@@ -117,7 +117,7 @@ def play_side_by_side(make, seed: int, choose, max_turns: int = 10_000) -> tuple
     for agent, _, reward, _, _ in ended:
         raw_totals[agent] += reward
     assert live is None and wrapped.done, "the game must be played to its end"
-    return raw_totals, wrapped_totals, turns, deaths_mid_game
+    return raw_totals, wrapped_totals, turns, deaths_mid_game, wrapped
 
 
 def legal_move(obs, space, rng) -> int:
@@ -131,7 +131,7 @@ def legal_move(obs, space, rng) -> int:
 ])
 def test_classic_games_match_the_raw_env_turn_by_turn(make, seeds):
     for seed in seeds:
-        raw_totals, wrapped_totals, turns, _ = play_side_by_side(make, seed, legal_move)
+        raw_totals, wrapped_totals, turns, _, _ = play_side_by_side(make, seed, legal_move)
         assert turns > 4
         assert wrapped_totals == pytest.approx(raw_totals, abs=0)
         assert sum(wrapped_totals.values()) == sum(raw_totals.values())
@@ -193,7 +193,7 @@ def kaz_move(obs, space, rng) -> int:
 def test_kaz_as_aec_agents_die_mid_game_and_rewards_accumulate_per_agent():
     """KAZ played turn by turn: agents die while others play on, and every reward (including those
     given to an agent between its turns) reaches it exactly as PettingZoo's last() shows it."""
-    raw_totals, wrapped_totals, turns, deaths_mid_game = play_side_by_side(knights_archers_zombies_v11.env, 2, kaz_move)
+    raw_totals, wrapped_totals, turns, deaths_mid_game, _ = play_side_by_side(knights_archers_zombies_v11.env, 2, kaz_move)
     assert wrapped_totals == raw_totals and turns > 100
     assert deaths_mid_game >= 1
 
@@ -212,3 +212,10 @@ def test_kaz_aec_reports_a_mid_game_death_once():
         assert not (ended & wrapped.masks).any()
     assert mid_game, "seed 2 kills an agent before the game ends"
     assert ends.tolist() == [1, 1, 1, 1], "each agent's end is reported exactly once"
+
+
+def test_kaz_as_aec_truncation_reaches_every_agent():
+    raw_totals, wrapped_totals, turns, _, wrapped = play_side_by_side(
+        lambda: knights_archers_zombies_v11.env(max_cycles=20), 1, kaz_move)
+    assert wrapped_totals == raw_totals and turns == 4 * 20
+    assert wrapped.truncations.all() and not wrapped.terminals.any()
