@@ -251,3 +251,33 @@ def test_folded_scaling_equals_the_scaled_concatenation():
              for m, ids, text in zip(encoder.leaf_encoders, encoder.groups, encoder.text)]
     torch.testing.assert_close(folded, encoder.project(torch.cat(parts, -1)), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(folded[:3], encoder(x[:3]), rtol=1e-4, atol=1e-5)  # small batch: data scaled
+
+
+def test_image_leaves_get_conv_encoders_in_either_channel_order():
+    from packrl.models import ImageEncoder
+
+    space = spaces.Dict({"rgb": spaces.Box(0, 255, (3, 40, 40), np.uint8), "grid": spaces.Box(0, 10, (9, 9, 2), np.uint8)})
+    layout = Layout.from_space(space)
+    encoder = LayoutEncoder(layout, 8)
+    kinds = {layout.leaves[ids[0]].path: m for m, ids in zip(encoder.leaf_encoders, encoder.groups)}
+    assert isinstance(kinds[("rgb",)], ImageEncoder) and not kinds[("rgb",)].channels_last
+    assert isinstance(kinds[("grid",)], ImageEncoder) and kinds[("grid",)].channels_last
+    assert encoder(_rows(layout, space, 2)).shape == (2, 8)
+    with pytest.raises(EmulationError, match="36x36"):
+        LayoutEncoder(layout, 8, overrides={"grid": "nature"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_policy_matches_cpu_and_compiles():
+    torch.manual_seed(0)
+    policy = Policy.from_layouts(RICH_LAYOUT, ACTIONS["hybrid"], "mingru", hidden=16)
+    x = _rows(RICH_LAYOUT, RICH, 32)
+    want = policy.forward_eval(x, policy.initial_state(32))
+    gpu = policy.to("cuda")
+    got = gpu.forward_eval(x.cuda(), gpu.initial_state(32, "cuda"))
+    compiled = torch.compile(gpu.forward_eval, fullgraph=True)(x.cuda(), gpu.initial_state(32, "cuda"))
+    for w, g, c in zip(want[:2], got[:2], compiled[:2]):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(c.cpu(), w, rtol=1e-4, atol=1e-4)
+    dist = gpu.distribution(got[0])
+    assert torch.isfinite(dist.log_prob(dist.sample())).all()
