@@ -49,10 +49,12 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
 
-PARALLEL_MIN_ENVS = 16384
-"""Below this many copies ``threads=None`` steps them in one serial loop. Measured on the 2-core
-project machine with CartPole (benchmarks/numba_envs.py --crossover): the prange launch and join
-cost more than they save below this size; envs with heavier steps gain earlier (pass ``threads``)."""
+PARALLEL_MIN_ENVS = 262144
+"""Below this many copies ``threads=None`` steps them in one serial loop. Measured on the shared
+2-core project machine with CartPole (benchmarks/numba_envs.py, load 5-7): 2 threads never beat
+the serial loop up to 65536 copies (0.04-0.14x at 4096, 0.14-0.25x at 16384, 0.56-1.0x at 65536:
+a fork-join waits for whichever thread the busy machine descheduled). Envs with heavier steps,
+or idle machines, gain earlier: pass ``threads``."""
 
 
 # ---------------------------------------------------------------- the user contract
@@ -416,10 +418,14 @@ def _fingerprint(fn: Dispatcher) -> bytes:
     return b"\0".join(parts)
 
 
-def load_kernels(source: KernelSource) -> Any:
-    """Import (writing it first if new) the generated module of ``source`` and give it the user kernels."""
+def load_kernels(source: KernelSource, inline: bool = True) -> Any:
+    """Import (writing it first if new) the generated module of ``source`` and give it the user kernels.
+
+    ``inline``: the user's reset and step are re-jitted with ``inline="always"`` so that Numba
+    merges them into the reference-count-free loop (about 2x faster on CartPole); kernels that
+    allocate arrays cannot run there, so the caller retries with ``inline=False``."""
     text = source.source()
-    digest = hashlib.sha256(text.encode())
+    digest = hashlib.sha256(text.encode() + (b"inline" if inline else b"call"))
     for fn in (source.env.reset, source.env.step):
         digest.update(_fingerprint(fn))
     for name, arr in source.constants.items():
@@ -444,7 +450,11 @@ def load_kernels(source: KernelSource) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
     spec.loader.exec_module(module)
-    module._user_reset, module._user_step = source.env.reset, source.env.step
+    if inline:
+        module._user_reset = njit(inline="always")(source.env.reset.py_func)
+        module._user_step = njit(inline="always")(source.env.step.py_func)
+    else:
+        module._user_reset, module._user_step = source.env.reset, source.env.step
     for name, arr in source.constants.items():
         setattr(module, name, arr)
     return module
@@ -456,15 +466,18 @@ class CompileRecord:
 
     kernel: str
     seconds: float
-    source: str  # "cache" or "compiled"
+    source: str  # "compiled", "cache" (loaded from disk) or "memory" (already loaded in this process)
 
     def __str__(self) -> str:
-        return f"{self.kernel}: {'loaded from cache' if self.source == 'cache' else 'compiled'} in {self.seconds:.2f}s"
+        how = {"cache": "loaded from cache", "memory": "already in memory"}.get(self.source, "compiled")
+        return f"{self.kernel}: {how} in {self.seconds:.2f}s"
 
 
 def compile_kernel(env_name: str, dispatcher: Dispatcher, args: tuple) -> CompileRecord:
     """Compile (or load from the disk cache) ``dispatcher`` for the types of ``args``."""
     sig = tuple(numba.typeof(a) for a in args)
+    if sig in dispatcher.overloads:  # another env of this process made it ready already
+        return CompileRecord(dispatcher.__name__, 0.0, "memory")
     hits = sum(dispatcher.stats.cache_hits.values())
     start = time.perf_counter()
     try:
@@ -523,8 +536,10 @@ class BatchedNumbaEnv:
         self.single_action_space = action.policy_space
         self._action_kind = action.kind
         self._action_shapes = self._policy_shapes(action)
+        single = action.kind != "hybrid"
+        self._fast_dtype = self._action_shapes[0][1] if single else None
+        self._fast_shape = (int(num_envs), *self._action_shapes[0][0]) if single else None
         self._source = KernelSource(env, layout, action, self.passthrough)
-        self._module = load_kernels(self._source)
         self.threads = self._choose_threads(threads)
 
         self.observations = np.zeros((n, *obs_shape), obs_dtype)
@@ -539,6 +554,7 @@ class BatchedNumbaEnv:
         self._lengths = np.zeros((n, 2), np.int64)
         self._bad = np.full(n, -1, np.int64)
         self._seeded = False
+        self._module = None
         self._bind()
         self.compile_records = self._compile()
 
@@ -578,7 +594,18 @@ class BatchedNumbaEnv:
         self.episode_returns, self.episode_lengths = self._returns[:, 1], self._lengths[:, 1]
 
     def _compile(self) -> list[CompileRecord]:
-        m = self._module
+        """Inlined user kernels first; called ones when those do not compile (e.g. they allocate)."""
+        if getattr(self, "_module", None) is not None:
+            return self._compile_module(self._module)
+        try:
+            self._module = load_kernels(self._source, inline=True)
+            return self._compile_module(self._module)
+        except EnvError:
+            self._module = load_kernels(self._source, inline=False)
+            self._bind()
+            return self._compile_module(self._module)
+
+    def _compile_module(self, m: Any) -> list[CompileRecord]:
         step = m.step_parallel if self.threads > 1 else m.step_serial
         if self.threads > 1:  # chunks per thread: a few, so a slow chunk does not hold the others up
             self._step_tail = (*self._step_tail, np.int64(4 * self.threads))
@@ -630,9 +657,14 @@ class BatchedNumbaEnv:
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every copy with its action (policy-facing form, a leading num_envs axis); copies
         whose episode ends are reset in the same call."""
-        acts = self._actions(actions)
         if self.threads > 1 and numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
+        # fast path: an array already in the kernel's dtype and shape (``is``: builtin dtypes are singletons)
+        if (type(actions) is np.ndarray and actions.dtype is self._fast_dtype and actions.shape == self._fast_shape
+                and actions.flags.c_contiguous):
+            acts = (actions,)
+        else:
+            acts = self._actions(actions)
         code = self._step_kernel(*acts, *self._step_tail)
         if code < 0:
             self._raise_step_error(code, acts)
