@@ -305,6 +305,9 @@ class AECEmulation(_AgentRows):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         self.env.reset(seed=seed, options=options)
+        # found after each reset: a wrapper may store these attributes itself once reset
+        self._agents_holder = _holder(self.env, "agents")
+        self._selection_holder = _holder(self.env, "agent_selection")
         self._clear()
         self._acting = None
         infos = self._advance()
@@ -330,9 +333,10 @@ class AECEmulation(_AgentRows):
     def _advance(self) -> dict:
         """Run the dead-agent turns until an agent must act (its row unmasked) or the game is over."""
         env, infos = self.env, {}
+        agents, selection = self._agents_holder, self._selection_holder
         self._acting = None
-        while env.agents:
-            agent = env.agent_selection
+        while agents.agents:
+            agent = selection.agent_selection
             row = self.row_of_reported(agent)
             obs, reward, terminated, truncated, info = env.last()
             self.rewards[row] += reward
@@ -360,6 +364,20 @@ def _leaf_writer(codec: Any, view: np.ndarray) -> Any:
     def write(obs: Any) -> None:
         view[...] = codec.check(obs, ())[0]
     return write
+
+
+def _holder(env: Any, name: str) -> Any:
+    """The object that holds attribute ``name``. PettingZoo's AEC wrappers forward attributes they
+    lack through ``__getattr__`` at every read (microseconds per wrapper, per turn); the holder
+    is read directly instead. Only wrappers that neither store nor define ``name`` are skipped."""
+    try:
+        from pettingzoo.utils.wrappers import BaseWrapper
+    except ImportError:  # pragma: no cover - pettingzoo is a dependency
+        return env
+    while (isinstance(env, BaseWrapper) and name not in vars(env)
+           and not any(name in vars(cls) for cls in type(env).__mro__)):
+        env = env.env
+    return env
 
 
 def _single_field(node: Any) -> bool:
