@@ -22,7 +22,8 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
 
     backend: ``serial`` (this process), ``multiprocessing`` (``num_workers`` processes sharing
     memory; ``context=`` picks spawn, forkserver or fork), ``numba`` (``env_creator`` is a
-    Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (not available yet).
+    Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
+    a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
     ``seed``: env i is seeded with ``seed + i`` on the first ``reset``."""
     if backend == "serial":
         if num_workers not in (None, 1):
@@ -44,8 +45,12 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
             raise EmulationError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
         return make_numba(env_creator, num_envs, seed=seed, **kwargs)
     if backend == "ray":
-        raise EmulationError("backend 'ray' is not implemented in packrl yet (Ray is not installed here); "
-                             "use 'multiprocessing' on one machine")
+        try:
+            from packrl.vector.ray_backend import RayVectorEnv
+        except ImportError as err:
+            raise EmulationError(f"backend 'ray' needs Ray (pip install ray): {err}") from None
+        return RayVectorEnv(env_creator, num_envs, num_workers=num_workers, batch_size=batch_size, seed=seed,
+                            **kwargs)
     raise EmulationError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
