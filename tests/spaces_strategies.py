@@ -90,6 +90,18 @@ def deep_spaces(draw, depth: int = 4):
     return space
 
 
+def sample(space: spaces.Space, rng: np.random.Generator):
+    """A sample of ``space``; integer Boxes are drawn with numpy, since gymnasium's ``Box.sample``
+    overflows on bounds more than 2**63 apart."""
+    if isinstance(space, spaces.Dict):
+        return {k: sample(s, rng) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(sample(s, rng) for s in space.spaces)
+    if isinstance(space, spaces.Box) and space.dtype.kind in "iu":
+        return rng.integers(space.low, space.high, endpoint=True, dtype=space.dtype)
+    return space.sample()
+
+
 def extreme(space: spaces.Space, sample, rng: np.random.Generator):
     """Replace some values of a sample by extremes the space allows (int64/uint64 limits, -0.0, NaN payloads, inf)."""
     if isinstance(space, spaces.Dict):

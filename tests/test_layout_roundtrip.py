@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from packrl.emulation import Layout, TextView
 from packrl.nativize import nativize
-from spaces_strategies import deep_spaces, extreme, nested_spaces
+from spaces_strategies import deep_spaces, extreme, nested_spaces, sample as draw
 
 
 def assert_bit_equal(space, sample, unpacked, layout_codec_native):
@@ -42,7 +42,8 @@ def text_native(space, view):
 def check_round_trip(space, seed):
     layout = Layout.from_space(space)
     space.seed(seed)
-    sample = extreme(space, space.sample(), np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    sample = extreme(space, draw(space, rng), rng)
     row = layout.pack(sample)
     assert row.dtype == np.uint8 and row.shape == (layout.nbytes,)
     unpacked = layout.unpack(row)
@@ -69,7 +70,7 @@ def test_batch_pack_equals_single_packs_and_unpacks_to_views(space, seed, n):
     layout = Layout.from_space(space)
     space.seed(seed)
     rng = np.random.default_rng(seed)
-    samples = [extreme(space, space.sample(), rng) for _ in range(n)]
+    samples = [extreme(space, draw(space, rng), rng) for _ in range(n)]
     rows = layout.pack_batch(samples)
     assert rows.shape == (n, layout.nbytes)
     for i, s in enumerate(samples):
