@@ -3,6 +3,7 @@
 Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step) and the same with a
 100 us busy step; 8 and 64 envs. Each cell: median of --repeats timed runs (spread = min..max),
 ratios against gymnasium SyncVectorEnv. Usage: python benchmarks/vector.py [--quick] [--repeats N]
+Add "packrl ray" to --vectorizers for the ray backend (one actor per core of a local cluster).
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def make_vectorizer(name: str, creator, n: int):
         v = vector.make(creator, n)
     elif name == "packrl mp":
         v = vector.make(creator, n, backend="multiprocessing", context="fork")
+    elif name == "packrl ray":  # opt-in (--vectorizers): needs Ray; a local cluster takes seconds to start
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        v = vector.make(creator, n, backend="ray")
     elif name == "gym Sync":
         v = gymnasium.vector.SyncVectorEnv([creator] * n)
     elif name == "gym Async(shm)":

@@ -1,5 +1,6 @@
 """The ray backend on a real local Ray cluster: byte-for-byte equal to serial (CartPole, a Dict
-env with episode ends, a multi-agent PettingZoo env, replies large enough for the object store),
+env with episode ends, a multi-agent PettingZoo env, a batched Numba env, replies large enough
+for the object store),
 async batches, bad actions, env errors, killed workers, and no actors left after close."""
 import functools
 import gc
@@ -91,12 +92,17 @@ def assert_no_actors(pids, handles):
     (ScriptedEnv, 4, 2, 3),  # Dict observation; episodes end by termination and truncation, with infos
     (StructuredEnv, 10, 1, 4),  # 10 x 12 KB rows in one reply: large enough to go through the object store
     ("mpe2", 2, 2, 5),  # PettingZoo Parallel: 2 agent rows per env, masks, max_cycles truncation
+    ("numba", 2, 2, 2),  # batched Numba CartPole, 4 copies per env: autoreset inside step, seeds seed + 4 i + j
 ])
 def test_ray_equals_serial_byte_for_byte(creator, num_envs, num_workers, high):
     if creator == "mpe2":
         from mpe2 import simple_spread_v3
 
         creator = functools.partial(simple_spread_v3.parallel_env, N=2, max_cycles=5)
+    elif creator == "numba":
+        from packrl import envs
+
+        creator = functools.partial(envs.make, "cartpole", num_envs=4, threads=1)
     serial_env = vector.make(creator, num_envs, seed=3)
     rng = np.random.default_rng(0)
     actions = [rng.integers(0, high, serial_env.num_agents) for _ in range(STEPS)]
@@ -114,10 +120,10 @@ def test_ray_equals_serial_byte_for_byte(creator, num_envs, num_workers, high):
 
 
 class JitteryEnv(ScriptedEnv):
-    """ScriptedEnv whose steps take a random 0-20 ms, so workers reply in a random order."""
+    """ScriptedEnv whose steps take a random 0-10 ms, so workers reply in a random order."""
 
     def step(self, action):
-        time.sleep(self.np_random.random() * 20e-3)
+        time.sleep(self.np_random.random() * 10e-3)
         return super().step(action)
 
 
