@@ -231,3 +231,8 @@ def test_killed_worker_is_detected_and_gc_leaves_no_actors():
     del venv
     gc.collect()  # garbage collection closes it: the surviving actor goes too
     assert_no_actors(pids, handles)
+
+
+def test_workers_the_cluster_cannot_place_are_reported_not_waited_on_forever():
+    with pytest.raises(EnvError, match="ray workers \\[0, 1\\] did not start within 2 s.*num_cpus"):
+        vector.make(ScriptedEnv, 2, backend="ray", num_workers=2, actor_options={"num_cpus": 3}, start_timeout_s=2)
