@@ -1,0 +1,191 @@
+"""Training throughput on CPU: packrl PPO against a CleanRL-style single-file PPO and SB3 PPO.
+
+Agent steps per second of whole training (rollout + update) on CartPole, same hyperparameters for all
+(8 envs x 128 steps, 4 epochs x 4 minibatches, 64 hidden units, Adam 2.5e-4):
+
+- cleanrl-style: gymnasium SyncVectorEnv + a separate actor and critic, CleanRL's ppo.py loop;
+- sb3: stable-baselines3 PPO("MlpPolicy") on its DummyVecEnv;
+- packrl gymnasium: packrl.vector.make(serial) over gymnasium CartPole-v1 + packrl PPO;
+- packrl numba: packrl's batched Numba CartPole (backend "numba") + packrl PPO.
+
+    python benchmarks/train.py [--steps 32768] [--repeats 3]
+
+Targets (issue 7): >= 1.5x cleanrl-style with the gymnasium env, >= 5x with the Numba env.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES, HIDDEN, LR = 8, 128, 4, 4, 64, 2.5e-4
+
+
+def machine_line() -> str:
+    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
+    if tools.is_dir():
+        sys.path.insert(0, str(tools))
+        from machine_line import machine_line as line
+
+        return line(("packrl", "numpy", "torch", "gymnasium", "numba", "stable_baselines3"))
+    import os
+    import platform
+
+    return f"{os.cpu_count()} cpus ({platform.processor() or platform.machine()}), Python {platform.python_version()}, torch {torch.__version__}"
+
+
+# ---------------------------------------------------------------- CleanRL-style single-file PPO
+
+
+def _layer(i: int, o: int, std: float = np.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(i, o)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(_layer(obs_dim, HIDDEN), nn.Tanh(), _layer(HIDDEN, HIDDEN), nn.Tanh(), _layer(HIDDEN, 1, 1.0))
+        self.actor = nn.Sequential(_layer(obs_dim, HIDDEN), nn.Tanh(), _layer(HIDDEN, HIDDEN), nn.Tanh(),
+                                   _layer(HIDDEN, n_actions, 0.01))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        probs = torch.distributions.Categorical(logits=self.actor(x))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def cleanrl_ppo(total_steps: int, seed: int = 0) -> float:
+    torch.manual_seed(seed)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(NUM_ENVS)])
+    agent = Agent(4, 2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=LR, eps=1e-5)
+    obs = torch.zeros((NUM_STEPS, NUM_ENVS, 4))
+    actions = torch.zeros((NUM_STEPS, NUM_ENVS))
+    logprobs, rewards, dones, values = (torch.zeros((NUM_STEPS, NUM_ENVS)) for _ in range(4))
+    batch_size = NUM_ENVS * NUM_STEPS
+    minibatch_size = batch_size // MINIBATCHES
+    next_obs = torch.Tensor(envs.reset(seed=seed)[0])
+    next_done = torch.zeros(NUM_ENVS)
+    start = time.perf_counter()
+    for _ in range(total_steps // batch_size):
+        for step in range(NUM_STEPS):
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+            values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+            next_obs, reward, term, trunc, _ = envs.step(action.numpy())
+            rewards[step] = torch.tensor(reward)
+            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(np.logical_or(term, trunc))
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages = torch.zeros_like(rewards)
+            lastgaelam = 0
+            for t in reversed(range(NUM_STEPS)):
+                nextnonterminal = 1.0 - (next_done if t == NUM_STEPS - 1 else dones[t + 1])
+                nextvalues = next_value if t == NUM_STEPS - 1 else values[t + 1]
+                delta = rewards[t] + 0.99 * nextvalues * nextnonterminal - values[t]
+                advantages[t] = lastgaelam = delta + 0.99 * 0.95 * nextnonterminal * lastgaelam
+            returns = advantages + values
+        b_obs, b_logprobs, b_actions = obs.reshape(-1, 4), logprobs.reshape(-1), actions.reshape(-1)
+        b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+        b_inds = np.arange(batch_size)
+        for _ in range(EPOCHS):
+            np.random.shuffle(b_inds)
+            for s in range(0, batch_size, minibatch_size):
+                mb = b_inds[s:s + minibatch_size]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions.long()[mb])
+                ratio = (newlogprob - b_logprobs[mb]).exp()
+                mb_adv = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
+                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 0.8, 1.2)).mean()
+                v_clipped = b_values[mb] + torch.clamp(newvalue.view(-1) - b_values[mb], -0.2, 0.2)
+                v_loss = 0.5 * torch.max((newvalue.view(-1) - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
+                loss = pg_loss - 0.01 * entropy.mean() + 0.5 * v_loss
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+                optimizer.step()
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return (total_steps // batch_size) * batch_size / elapsed
+
+
+# ---------------------------------------------------------------- SB3 and packrl
+
+
+def sb3_ppo(total_steps: int, seed: int = 0) -> float:
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("CartPole-v1", n_envs=NUM_ENVS, seed=seed)
+    model = SB3PPO("MlpPolicy", env, n_steps=NUM_STEPS, batch_size=NUM_ENVS * NUM_STEPS // MINIBATCHES,
+                   n_epochs=EPOCHS, learning_rate=LR, device="cpu", seed=seed,
+                   policy_kwargs={"net_arch": [HIDDEN, HIDDEN]})
+    start = time.perf_counter()
+    model.learn(total_steps)
+    return model.num_timesteps / (time.perf_counter() - start)
+
+
+def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
+    from packrl import vector
+    from packrl.models import Policy
+    from packrl.train.ppo import PPO, PPOConfig
+
+    creator = "cartpole" if backend == "numba" else (lambda: gym.make("CartPole-v1"))
+    env = vector.make(creator, num_envs, backend=backend, seed=seed)
+    ppo = PPO(env, Policy.from_env(env, hidden=HIDDEN), PPOConfig(
+        num_steps=NUM_STEPS, update_epochs=EPOCHS, num_minibatches=MINIBATCHES, learning_rate=LR, seed=seed, device="cpu"))
+    start = time.perf_counter()
+    ppo.train(total_steps)
+    rate = ppo.global_step / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=32768)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for every contender")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    runs = {
+        "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(args.steps),
+        "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps),
+        "packrl PPO (gymnasium, serial)": lambda: packrl_ppo(args.steps, "serial"),
+        "packrl PPO (numba cartpole)": lambda: packrl_ppo(args.steps, "numba"),
+        # Not the same hyperparameters: what the Numba env is for, many rows per policy call.
+        "packrl PPO (numba, 256 envs)": lambda: packrl_ppo(max(args.steps, 256 * NUM_STEPS), "numba", num_envs=256),
+    }
+    packrl_ppo(NUM_ENVS * NUM_STEPS, "numba")  # warm-up: Numba compilation, imports
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.repeats):  # interleaved, so load changes hit every contender alike
+        for name, run in runs.items():
+            results[name].append(run())
+    base = statistics.median(results["cleanrl-style (gymnasium)"])
+    print(f"CartPole PPO training throughput, {args.steps} agent steps x {args.repeats} repeats, "
+          f"{NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS}x{MINIBATCHES} minibatches, torch threads {args.threads}")
+    print(machine_line())
+    print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
+    for name, rates in results.items():
+        med = statistics.median(rates)
+        print(f"{name:34} {med:15,.0f} {min(rates):9,.0f} {max(rates):9,.0f} {med / base:10.2f}x")
+    print("the 256-env row uses 256 envs (same per-row hyperparameters otherwise); the other rows are like for like")
+    print("targets: packrl gymnasium >= 1.5x, packrl numba >= 5x (numbers depend on the machine's load)")
+
+
+if __name__ == "__main__":
+    main()
