@@ -142,7 +142,8 @@ def test_async_batches_bookkeeping():
     with pytest.raises(EmulationError, match="send\\(\\) without recv"):
         venv.send(np.zeros(batch, np.int64))
     seen = []
-    for _ in range(24):
+    deadline = time.monotonic() + 120  # fault detection only: a worker's first reply may lag on a loaded machine
+    while (len(seen) < 24 or steps.min() < 3) and time.monotonic() < deadline:
         b = venv.recv()
         assert b.observations.shape[0] == batch and len(b.env_ids) == batch and len(b.infos) == batch
         assert list(b.env_ids) == sorted(b.env_ids)
@@ -159,7 +160,7 @@ def test_async_batches_bookkeeping():
             if te or tr:
                 o, _ = refs[e].reset()
             ref_obs[e] = layout.pack(o)
-    assert {e for ids in seen for e in ids} == set(range(n))
+    assert steps.min() >= 3, f"an env was starved: steps per env {steps}"
     assert len(set(seen)) > 1  # batches are whoever replied first, not a fixed rotation
     venv.async_reset(seed=11)  # drops the replies in flight; every env starts over
     b = venv.recv()
