@@ -188,6 +188,17 @@ class ActionLayout:
             raise EmulationError(f"action {choice} is not a valid choice in [0, {n}){who}")
         return part.dtype.type(choice + int(part.start))
 
+    def decode_choices(self, choices: np.ndarray, who: str = "") -> list:
+        """Many actions of a Discrete space at once: ``(k,)`` choices -> k native values.
+        ``who`` may hold ``{}``, filled with the position of a bad choice."""
+        part = self.discrete_parts[0]
+        arr = exact_array(choices, np.dtype(np.int64), (len(choices),), ())
+        bad = (arr < 0) | (arr >= int(part.nvec))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise EmulationError(f"action {arr[k]} is not a valid choice in [0, {int(part.nvec)}){who.format(k)}")
+        return list((arr + int(part.start)).astype(part.dtype))
+
     def _split(self, action: Any, who: str) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "hybrid":
             if not isinstance(action, dict) or set(action) != {"discrete", "continuous"}:

@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.values import (
-    any_outside,
+    IntRange,
     exact_array,
     format_path,
     refuse_outside,
@@ -160,14 +160,11 @@ class BoxCodec(LeafCodec):
         self.dtype = np.dtype(space.dtype)
         self.shape = tuple(space.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
-        self.bounded = False
-        if self.dtype.kind in "iu":
-            info = np.iinfo(self.dtype)
-            self.low, self.high = np.asarray(space.low), np.asarray(space.high)
-            self.bounded = bool(np.any(self.low > info.min) or np.any(self.high < info.max))
-            uniform = self.low.size and np.all(self.low == self.low.flat[0]) and np.all(self.high == self.high.flat[0])
-            # uniform bounds are checked in one compiled pass instead of two elementwise compares
-            self.uniform_bounds = (self.low.flat[0], self.high.flat[0]) if uniform else None
+        self.range = IntRange(space.low, space.high, self.dtype, self.shape) if self.dtype.kind in "iu" else None
+        if self.range is not None and self.range.needed:
+            self.outside_message = f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]"
+        elif self.range is not None:
+            self.range = None  # bounds span the whole dtype: nothing to check
 
     def spec(self) -> dict:
         spec = {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
@@ -187,15 +184,9 @@ class BoxCodec(LeafCodec):
             arr = value
         else:
             arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
-        if self.bounded and arr.size and not self._within_bounds(arr):
-            bad = (arr < self.low) | (arr > self.high)
-            refuse_outside(bad, arr, path, f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]")
+        if self.range is not None:
+            self.range.refuse(arr, path, self.outside_message)
         return (arr,)
-
-    def _within_bounds(self, arr: np.ndarray) -> bool:
-        if self.uniform_bounds is not None:
-            return not any_outside(arr, *self.uniform_bounds)
-        return not (np.any(arr < self.low) or np.any(arr > self.high))
 
 
 # ---------------------------------------------------------------- Discrete
@@ -211,6 +202,8 @@ class DiscreteCodec(LeafCodec):
         self.n, self.start = int(space.n), int(space.start)
         self.dtype = np.dtype(space.dtype)
         self.fields = (Field(None, self.dtype, ()),)
+        self.range = IntRange(self.start, self.start + self.n - 1, self.dtype, ())
+        self.outside_message = f"is outside Discrete(n={self.n}, start={self.start})"
 
     def spec(self) -> dict:
         return {"kind": self.kind, "n": self.n, "start": self.start, "dtype": self.dtype.str}
@@ -227,8 +220,7 @@ class DiscreteCodec(LeafCodec):
                     f"[{self.start}, {self.start + self.n - 1}]")
             return (np.asarray(value, dtype=self.dtype),)
         arr = exact_array(value, self.dtype, batch, path)
-        bad = (arr < self.start) | (arr.astype(object) >= self.start + self.n) if arr.size else arr.astype(bool)
-        refuse_outside(bad, arr, path, f"is outside Discrete(n={self.n}, start={self.start})")
+        self.range.refuse(arr, path, self.outside_message)
         return (arr,)
 
     def to_native(self, unpacked: Any) -> Any:
@@ -250,8 +242,9 @@ class MultiDiscreteCodec(LeafCodec):
         self.nvec, self.start = np.asarray(space.nvec), np.asarray(space.start)
         self.shape = tuple(self.nvec.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
-        self._low = self.start.astype(object)
-        self._high = (self.start.astype(object) + self.nvec.astype(object))
+        self.range = IntRange(self.start.astype(object), self.start.astype(object) + self.nvec.astype(object) - 1,
+                              self.dtype, self.shape)
+        self.outside_message = f"is outside MultiDiscrete(nvec={self.nvec.tolist()}, start={self.start.tolist()})"
 
     def spec(self) -> dict:
         return {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
@@ -265,12 +258,7 @@ class MultiDiscreteCodec(LeafCodec):
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         arr = exact_array(value, self.dtype, batch + self.shape, path)
-        if arr.size:
-            bad = (arr < self.start) | (arr - self.start >= self.nvec)
-            if self.dtype.kind == "i" and (np.any(self.nvec > 2**40) or np.any(np.abs(self.start) > 2**40)):
-                objs = arr.astype(object)
-                bad = (objs < self._low) | (objs >= self._high)
-            refuse_outside(bad, arr, path, f"is outside MultiDiscrete(nvec={self.nvec.tolist()}, start={self.start.tolist()})")
+        self.range.refuse(arr, path, self.outside_message)
         return (arr,)
 
 
@@ -287,6 +275,7 @@ class MultiBinaryCodec(LeafCodec):
         self.dtype = np.dtype(space.dtype)
         self.shape = tuple(space.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
+        self.range = IntRange(0, 1, self.dtype, self.shape)
 
     def spec(self) -> dict:
         return {"kind": self.kind, "shape": list(self.shape)}
@@ -297,7 +286,7 @@ class MultiBinaryCodec(LeafCodec):
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         arr = exact_array(value, self.dtype, batch + self.shape, path)
-        refuse_outside((arr != 0) & (arr != 1), arr, path, "is not 0 or 1 (MultiBinary)")
+        self.range.refuse(arr, path, "is not 0 or 1 (MultiBinary)")
         return (arr,)
 
 

@@ -82,37 +82,39 @@ class GymnasiumEmulation:
         return self.observations, self.rewards, self.terminals, self.truncations, info
 
     @staticmethod
-    def step_many(envs: list["GymnasiumEmulation"], actions: list, rows: dict[str, np.ndarray]) -> list[dict]:
+    def step_many(envs: list["GymnasiumEmulation"], actions: Any, rows: dict[str, np.ndarray]) -> list[dict]:
         """Step several emulated envs whose rows are consecutive in shared arrays (``rows``: the
         ``observations``, ``final_observations``, ``rewards``, ``terminals``, ``truncations`` of
         exactly these envs, in order). Same checks and bytes as calling ``step`` on each, but the
         observations are packed leaf by leaf across all envs (``Layout.pack_batch``): one stack
-        and one check per leaf instead of one per leaf and env. Returns each env's info.
+        and one check per leaf instead of one per leaf and env. ``actions``: one policy action per
+        env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info.
         An exception raised by env k carries ``env_position = k``."""
         first = envs[0]
-        observations, rewards, terminals, truncations, infos = [], [], [], [], []
-        for k, (env, action) in enumerate(zip(envs, actions)):
-            try:
-                native = env.emulated.action.decode(_single(action, env.emulated.action.kind), who=f" (agent {AGENT})")
-                obs, reward, terminated, truncated, info = env.env.step(native)
-            except Exception as err:
-                err.env_position = k
-                raise
-            observations.append(obs)
-            rewards.append(reward)
-            terminals.append(terminated)
-            truncations.append(truncated)
-            infos.append(info)
+        action_layout = first.emulated.action
+        if action_layout.kind == "discrete" and isinstance(actions, np.ndarray):
+            natives = action_layout.decode_choices(actions.reshape(len(envs)), who=" (env {} of the block)")
+        else:
+            natives = [env.emulated.action.decode(_single(a, action_layout.kind), who=f" (env {k} of the block)")
+                       for k, (env, a) in enumerate(zip(envs, actions))]
+        results = []
+        try:
+            for env, native in zip(envs, natives):
+                results.append(env.env.step(native))
+        except Exception as err:
+            err.env_position = len(results)
+            raise
+        observations, rewards, terminals, truncations, infos = zip(*results)
         rows["rewards"][:] = rewards
         rows["terminals"][:] = terminals
         rows["truncations"][:] = truncations
         if first.passthrough:
-            rows["observations"][:] = first._codec.check(observations, (), (len(envs),))[0]
+            rows["observations"][:] = first._codec.check(np.stack(observations), (), (len(envs),))[0]
         else:
-            first.emulated.observation.pack_batch(observations, out=rows["observations"])
+            first.emulated.observation.pack_batch(list(observations), out=rows["observations"])
         ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
         rows["final_observations"][ended] = rows["observations"][ended]
-        return infos
+        return list(infos)
 
     def _write(self, obs: Any) -> None:
         if self.passthrough:

@@ -200,7 +200,11 @@ class Layout:
         """Write a list of samples, one leaf across all samples at a time."""
         if type(node) is DictNode:
             keyset = node.keyset
-            if not all(isinstance(s, dict) and s.keys() == keyset for s in samples):
+            try:
+                same_keys = all([s.keys() == keyset for s in samples])
+            except AttributeError:  # not a dict: the slow path below names the sample
+                same_keys = False
+            if not same_keys:
                 for i, s in enumerate(samples):
                     try:
                         self._check_keys(node, s, path)
@@ -220,11 +224,13 @@ class Layout:
 
     def _write_column(self, node: LeafNode, column: list, views: list, path: tuple) -> None:
         codec, n = node.codec, len(column)
-        if codec.stores_input and n:
-            view = views[node.leaf_ids[0]]
-            dtype, shape = view.dtype, view.shape[1:]
-            if all(type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in column):
-                np.stack(column, out=view)  # exact dtype and shape: nothing is cast
+        view = views[node.leaf_ids[0]]
+        if codec.stores_input and n and view.nbytes >= STACK_INTO_ROWS_BYTES * n:
+            try:  # large leaves go straight into the rows; this succeeds only when every dtype already matches
+                np.stack(column, out=view, casting="no")
+            except (TypeError, ValueError):
+                pass
+            else:
                 codec.check(view, path, (n,))  # ranges and bounds, once for the whole batch
                 return
         for leaf_id, arr in zip(node.leaf_ids, codec.check(_column_array(codec, column, path), path, (n,))):
@@ -352,6 +358,11 @@ class BoundRows:
 
 # ---------------------------------------------------------------- tree helpers
 
+STACK_INTO_ROWS_BYTES = 1024
+"""Leaves at least this large are stacked straight into the rows; smaller ones go through one
+``np.array`` of the column (a C loop, several times cheaper than ``np.stack`` on small arrays)."""
+
+
 def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
     """One leaf of many samples as one array (object array for strings); names the odd sample out."""
     if codec.kind in ("text", "bounded_string"):
@@ -361,11 +372,16 @@ def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
     if not column:
         return np.zeros((0,) + codec.fields[0].shape, codec.fields[0].dtype)
     try:
-        return np.stack([np.asarray(v) for v in column])
+        arr = np.array(column)
     except ValueError:
-        shapes = [np.shape(v) for v in column]
-        bad = next(i for i, s in enumerate(shapes) if s != shapes[0])
-        raise EmulationError(f"sample {bad}: leaf {format_path(path)} has shape {shapes[bad]}, sample 0 has {shapes[0]}") from None
+        arr = None
+    if arr is not None and arr.dtype != object and arr.shape[1:] == np.shape(column[0]):
+        return arr
+    shapes = [np.shape(v) for v in column]
+    bad = next((i for i, s in enumerate(shapes) if s != shapes[0]), None)
+    if bad is not None:
+        raise EmulationError(f"sample {bad}: leaf {format_path(path)} has shape {shapes[bad]}, sample 0 has {shapes[0]}")
+    return arr
 
 
 def _unflatten(node: Node, values: list) -> Any:

@@ -30,6 +30,36 @@ def any_outside(arr: np.ndarray, low: int, high: int) -> bool:
     return bool(_any_outside(flat, flat.dtype.type(low), flat.dtype.type(high)))
 
 
+class IntRange:
+    """Inclusive per-element integer bounds for arrays of one integer dtype. Uniform bounds are
+    checked in one compiled pass; others elementwise against bounds clipped to the dtype (exact:
+    no float or object conversion)."""
+
+    def __init__(self, low: Any, high: Any, dtype: np.dtype, shape: tuple):
+        info = np.iinfo(dtype)
+        low = np.broadcast_to(np.asarray(low, dtype=object), shape)
+        high = np.broadcast_to(np.asarray(high, dtype=object), shape)
+        self.low = np.array([max(int(x), info.min) for x in low.reshape(-1)], dtype=dtype).reshape(shape)
+        self.high = np.array([min(int(x), info.max) for x in high.reshape(-1)], dtype=dtype).reshape(shape)
+        self.needed = bool(self.low.size) and bool(np.any(self.low > info.min) or np.any(self.high < info.max))
+        flat_low, flat_high = self.low.reshape(-1), self.high.reshape(-1)
+        uniform = self.low.size and np.all(flat_low == flat_low[0]) and np.all(flat_high == flat_high[0])
+        self.uniform = (flat_low[0], flat_high[0]) if uniform else None
+
+    def outside(self, arr: np.ndarray) -> bool:
+        """True when some element of ``arr`` (shape ``(*batch, *shape)``) is out of range."""
+        if not self.needed or not arr.size:
+            return False
+        if self.uniform is not None:
+            return any_outside(arr, *self.uniform)
+        return bool(np.any(arr < self.low) or np.any(arr > self.high))
+
+    def refuse(self, arr: np.ndarray, path: tuple, why: str) -> None:
+        """Raise EmulationError naming the first out-of-range element, if any."""
+        if self.outside(arr):
+            refuse_outside((arr < self.low) | (arr > self.high), arr, path, why)
+
+
 def format_path(path: tuple) -> str:
     """``('agent', 0)`` -> ``"['agent'][0]"``; the root is ``"<root>"``."""
     return "".join(f"[{k!r}]" for k in path) if path else "<root>"

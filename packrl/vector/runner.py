@@ -152,13 +152,19 @@ class _GymnasiumBlock:
     def __init__(self, envs: list, arrays: dict[str, np.ndarray], rows: list[slice]):
         self.arrays = arrays
         self.base = rows[0].start  # a block's envs own consecutive rows, one each
+        # a Discrete action space: hand the block's action rows over as one array
+        self.choices = arrays["actions"] if envs[0].emulated.action.kind == "discrete" else None
+        self._rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def step(self, runner: "EnvRunner", lo: int, hi: int) -> list:
         from packrl.emulation.gymnasium_env import GymnasiumEmulation
 
-        rows = {name: self.arrays[name][self.base + lo: self.base + hi] for name in BUFFERS[:-1]}
+        rows = self._rows.get((lo, hi))
+        if rows is None:  # the same views every step, so the Layout's cached leaf views are reused
+            rows = self._rows[(lo, hi)] = {name: self.arrays[name][self.base + lo: self.base + hi] for name in BUFFERS[:-1]}
         try:
-            infos = GymnasiumEmulation.step_many(runner.envs[lo:hi], runner.actions[lo:hi], rows)
+            actions = runner.actions[lo:hi] if self.choices is None else self.choices[self.base + lo: self.base + hi]
+            infos = GymnasiumEmulation.step_many(runner.envs[lo:hi], actions, rows)
         except Exception as err:
             runner.current = lo + getattr(err, "env_position", 0)
             raise
