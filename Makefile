@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(PY) examples/demo.py
+	$(PY) examples/train_demo.py
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
