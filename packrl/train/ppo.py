@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from packrl.nativize import torch_dtype
 from packrl.train.advantage import compute_advantages
 
 
@@ -120,7 +121,7 @@ class PPO:
     def _allocate_storage(self) -> None:
         T, N, dev = self.config.num_steps, self.num_rows, self.device
         row = self.env.observations
-        self.obs = torch.zeros((T, N, *row.shape[1:]), dtype=_torch_dtype(row.dtype), device=dev)
+        self.obs = torch.zeros((T, N, *row.shape[1:]), dtype=torch_dtype(row.dtype), device=dev)
         self.actions: Any = None  # allocated on the first step, from the decoder's action form
         self.logprobs = torch.zeros((T, N), device=dev)
         self.values = torch.zeros((T, N), device=dev)
@@ -134,7 +135,7 @@ class PPO:
         # Pinned host staging so host -> GPU copies overlap with the policy (no-ops on CPU).
         pin = dev.type == "cuda"
         self._host = {
-            "obs": torch.zeros(row.shape, dtype=_torch_dtype(row.dtype), pin_memory=pin),
+            "obs": torch.zeros(row.shape, dtype=torch_dtype(row.dtype), pin_memory=pin),
             "mask": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
             "reward": torch.zeros(N, dtype=torch.float32, pin_memory=pin),
             "terminal": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
@@ -392,6 +393,3 @@ def _all_sum(value: int, device: torch.device) -> int:
     dist.all_reduce(t)
     return int(t.item())
 
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
