@@ -10,8 +10,23 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+from gymnasium import spaces
 from rich.console import Console
 from rich.table import Table
+
+NETHACK = spaces.Dict({  # a NetHack-like observation: ten leaves of mixed dtypes, 10,912 bytes packed
+    "glyphs": spaces.Box(0, 5976, (21, 79), np.int16),
+    "chars": spaces.Box(0, 255, (21, 79), np.uint8),
+    "colors": spaces.Box(0, 15, (21, 79), np.uint8),
+    "specials": spaces.Box(0, 255, (21, 79), np.uint8),
+    "blstats": spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (27,), np.int64),
+    "message": spaces.Box(0, 255, (256,), np.uint8),
+    "inv_glyphs": spaces.Box(0, 5976, (55,), np.int16),
+    "inv_letters": spaces.Box(0, 127, (55,), np.uint8),
+    "inv_oclasses": spaces.Box(0, 18, (55,), np.uint8),
+    "tty_chars": spaces.Box(0, 255, (24, 80), np.uint8),
+})
 
 SHARED_TOOLS = Path(__file__).resolve().parents[2] / "shared" / "tools"
 

@@ -16,7 +16,7 @@ from gymnasium import spaces
 from gymnasium.spaces import utils as gym_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, machine_line, per_call_us, print_table  # noqa: E402
 
 from packrl.emulation import Layout, emulate  # noqa: E402
 from packrl.nativize import nativize  # noqa: E402
@@ -24,18 +24,6 @@ from packrl.nativize import nativize  # noqa: E402
 MINIGRID = spaces.Dict({
     "image": spaces.Box(0, 255, (7, 7, 3), np.uint8),
     "direction": spaces.Discrete(4),
-})
-NETHACK = spaces.Dict({
-    "glyphs": spaces.Box(0, 5976, (21, 79), np.int16),
-    "chars": spaces.Box(0, 255, (21, 79), np.uint8),
-    "colors": spaces.Box(0, 15, (21, 79), np.uint8),
-    "specials": spaces.Box(0, 255, (21, 79), np.uint8),
-    "blstats": spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (27,), np.int64),
-    "message": spaces.Box(0, 255, (256,), np.uint8),
-    "inv_glyphs": spaces.Box(0, 5976, (55,), np.int16),
-    "inv_letters": spaces.Box(0, 127, (55,), np.uint8),
-    "inv_oclasses": spaces.Box(0, 18, (55,), np.uint8),
-    "tty_chars": spaces.Box(0, 255, (24, 80), np.uint8),
 })
 ATARI = spaces.Dict({
     "frame": spaces.Box(0, 255, (84, 84, 4), np.uint8),

@@ -21,24 +21,12 @@ from gymnasium import spaces
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, machine_line, per_call_us, print_table  # noqa: E402
 
 from packrl.emulation import Layout  # noqa: E402
 from packrl.models import MLP, Decoder, LayoutEncoder, Policy  # noqa: E402
 from packrl.models.heads import layer_init  # noqa: E402
 
-NETHACK = spaces.Dict({
-    "glyphs": spaces.Box(0, 5976, (21, 79), np.int16),
-    "chars": spaces.Box(0, 255, (21, 79), np.uint8),
-    "colors": spaces.Box(0, 15, (21, 79), np.uint8),
-    "specials": spaces.Box(0, 255, (21, 79), np.uint8),
-    "blstats": spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (27,), np.int64),
-    "message": spaces.Box(0, 255, (256,), np.uint8),
-    "inv_glyphs": spaces.Box(0, 5976, (55,), np.int16),
-    "inv_letters": spaces.Box(0, 127, (55,), np.uint8),
-    "inv_oclasses": spaces.Box(0, 18, (55,), np.uint8),
-    "tty_chars": spaces.Box(0, 255, (24, 80), np.uint8),
-})
 HIDDEN = 128
 ACTIONS = spaces.Discrete(23)
 

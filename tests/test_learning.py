@@ -1,7 +1,6 @@
 """Learning checks: each trains for a fixed number of agent steps and must reach a stated level.
 
 Bounded by steps (never by time); seeded; torch on one thread so a run is reproducible."""
-import functools
 
 import gymnasium as gym
 import numpy as np

@@ -18,7 +18,6 @@ from packrl.emulation.values import (
     IntRange,
     exact_array,
     format_path,
-    refuse_outside,
 )
 from packrl.errors import EmulationError
 

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import numba
 import numpy as np
@@ -687,13 +687,15 @@ class BatchedNumbaEnv:
         """Step now; ``recv`` returns the result."""
         self._pending = self.step(actions)[4]
 
-    def recv(self) -> "NumbaBatch":
+    def recv(self) -> Any:
         """The last reset or step as a batch of every copy (infos: one dict per copy)."""
         infos: list = [{} for _ in range(self.num_envs)]
         info = getattr(self, "_pending", {})
         for k, i in enumerate(info.get("episode_index", ())):
             infos[i] = {"episode_return": info["episode_return"][k], "episode_length": info["episode_length"][k]}
-        return NumbaBatch(self.observations, self.rewards, self.terminals, self.truncations, infos,
+        from packrl.vector.base import Batch
+
+        return Batch(self.observations, self.rewards, self.terminals, self.truncations, infos,
                           np.arange(self.num_envs), self.masks, self.final_observations)
 
     # ------------------------------------------------------------ actions and errors
@@ -763,19 +765,6 @@ class BatchedNumbaEnv:
 
     def __repr__(self) -> str:
         return f"BatchedNumbaEnv({self.name!r}, num_envs={self.num_envs}, threads={self.threads})"
-
-
-class NumbaBatch(NamedTuple):
-    """What ``recv`` returns (the fields of ``packrl.vector.Batch``)."""
-
-    observations: np.ndarray
-    rewards: np.ndarray
-    terminals: np.ndarray
-    truncations: np.ndarray
-    infos: list
-    env_ids: np.ndarray
-    masks: np.ndarray
-    final_observations: np.ndarray
 
 
 def _all_rows(one: Emulated, n: int) -> Emulated:

@@ -95,7 +95,7 @@ def _check(value: Any, space: spaces.Space, n: int, path: tuple, env_ids: np.nda
             raise EmulationError(f"{where} has dtype {arr.dtype}; {space} takes floats")
         with np.errstate(invalid="ignore"):
             bad = ~((arr >= space.low) & (arr <= space.high))
-        _refuse(bad, arr, where, f"outside the Box bounds or not a number", env_ids, agents)
+        _refuse(bad, arr, where, "outside the Box bounds or not a number", env_ids, agents)
         return arr
     if arr.dtype.kind not in "iu":
         raise EmulationError(f"{where} has dtype {arr.dtype}; {space} takes integers")

@@ -64,6 +64,18 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     metadata = {"autoreset_mode": SAME_STEP}
 
+    _broken: str | None = None  # why the env failed; every later call refuses
+
+    def _fail(self, message: str) -> None:
+        self._broken = message
+        raise EnvError(message)
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise EnvError("the vector env is closed")
+        if self._broken is not None:
+            raise EnvError(f"the vector env failed earlier and must be closed: {self._broken.splitlines()[0]}")
+
     def _setup(self, spec: EnvSpec, num_envs: int, batch_size: int | None, seed: int,
                arrays: dict[str, np.ndarray]) -> None:
         self.spec_ = spec

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from packrl.errors import EmulationError, EnvError
+from packrl.errors import EmulationError
 from packrl.vector.base import Batch, VectorEnv, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
@@ -253,16 +253,6 @@ class Multiprocessing(VectorEnv):
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 first = w * self.envs_per_worker
                 self._fail(f"worker {w} (pid {proc.pid}, envs {first}..{first + self.envs_per_worker - 1}) {how}")
-
-    def _fail(self, message: str) -> None:
-        self._broken = message
-        raise EnvError(message)
-
-    def _check_usable(self) -> None:
-        if self.closed:
-            raise EnvError("the vector env is closed")
-        if self._broken is not None:
-            raise EnvError(f"the vector env failed earlier and must be closed: {self._broken.splitlines()[0]}")
 
 
 def default_workers(num_envs: int) -> int:

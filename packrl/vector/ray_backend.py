@@ -299,16 +299,6 @@ class RayVectorEnv(VectorEnv):
         first = w * self.envs_per_worker
         return f"{first}..{first + self.envs_per_worker - 1}"
 
-    def _fail(self, message: str) -> None:
-        self._broken = message
-        raise EnvError(message)
-
-    def _check_usable(self) -> None:
-        if self.closed:
-            raise EnvError("the vector env is closed")
-        if self._broken is not None:
-            raise EnvError(f"the vector env failed earlier and must be closed: {self._broken.splitlines()[0]}")
-
 
 def _split(num_envs: int, num_workers: int, batch_size: int | None) -> int:
     """Envs per worker; refuse a split that leaves envs over or batches across workers."""

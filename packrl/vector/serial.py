@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
-
 from packrl.errors import EmulationError, EnvError
 from packrl.vector.base import Batch, VectorEnv, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
