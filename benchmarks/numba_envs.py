@@ -162,7 +162,7 @@ def main() -> None:
         for threads in (1, 2):
             envs.make("cartpole", num_envs=n, threads=threads)  # compile or load before timing
     print_throughput(throughput_table(sizes, args.repeats, budget), sizes)
-    crossover((4096, 16384, 65536) if not args.quick else (4096,), args.repeats, budget)
+    crossover((256, 512, 1024, 2048, 4096, 16384, 65536) if not args.quick else (1024, 4096), args.repeats, budget)
     compile_times()
 
 

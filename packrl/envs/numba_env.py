@@ -49,12 +49,12 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
 
-PARALLEL_MIN_ENVS = 262144
-"""Below this many copies ``threads=None`` steps them in one serial loop. Measured on the shared
-2-core project machine with CartPole (benchmarks/numba_envs.py, load 5-7): 2 threads never beat
-the serial loop up to 65536 copies (0.04-0.14x at 4096, 0.14-0.25x at 16384, 0.56-1.0x at 65536:
-a fork-join waits for whichever thread the busy machine descheduled). Envs with heavier steps,
-or idle machines, gain earlier: pass ``threads``."""
+PARALLEL_MIN_ENVS = 1024
+"""Below this many copies ``threads=None`` steps them in one serial loop. Measured with CartPole on
+the 2-core project machine when idle (load < 1): 2 threads / serial = 0.52 at 256 copies, 0.69 at
+512, 1.24 at 1024, 1.62 at 2048, 1.23-1.47 at 4096 (benchmarks/numba_envs.py, "serial vs
+threaded"). On the same machine under load 5-7 threads lost everywhere up to 65536 copies (a fork-join waits for whichever thread was descheduled): on a
+shared machine pass ``threads=1``."""
 
 
 # ---------------------------------------------------------------- the user contract
