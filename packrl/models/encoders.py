@@ -33,7 +33,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.nativize import nativize
+from packrl.nativize import nativize, torch_dtype
 
 EMBED_DIM = 16
 """Width of each Discrete / MultiDiscrete / character embedding."""
@@ -334,10 +334,11 @@ class LayoutEncoder(nn.Module):
         self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), nn.ReLU())
         root = layout.leaves[0] if len(layout.leaves) == 1 and layout.leaves[0].path == () else None
         self.passthrough_leaf = root if root is not None and root.kind == "box" else None
+        self.passthrough_dtype = torch_dtype(root.dtype) if self.passthrough_leaf is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leaf = self.passthrough_leaf
-        if leaf is not None and _is_passthrough(x, leaf):
+        if leaf is not None and _is_passthrough(x, leaf, self.passthrough_dtype):
             batch = tuple(x.shape[: x.ndim - len(leaf.shape)])
             values = [x.reshape((-1,) + leaf.shape)]
         else:
@@ -362,11 +363,9 @@ class LayoutEncoder(nn.Module):
         return self.project[1](out).reshape(batch + (self.hidden,))
 
 
-def _is_passthrough(x: torch.Tensor, leaf: Leaf) -> bool:
+def _is_passthrough(x: torch.Tensor, leaf: Leaf, dtype: torch.dtype) -> bool:
     """Plain Box observation (its own dtype and shape) rather than packed uint8 rows."""
-    from packrl.nativize import torch_dtype
-
-    return x.dtype == torch_dtype(leaf.dtype) and tuple(x.shape[x.ndim - len(leaf.shape):]) == leaf.shape \
+    return x.dtype == dtype and tuple(x.shape[x.ndim - len(leaf.shape):]) == leaf.shape \
         and not (x.dtype == torch.uint8 and len(leaf.shape) == 1)
 
 
