@@ -35,7 +35,7 @@ def good():
 LAYOUT = Layout.from_space(SPACE)
 
 
-def refused(sample, *words):
+def assert_refused(sample, *words):
     with pytest.raises(EmulationError) as err:
         LAYOUT.pack(sample)
     for word in words:
@@ -50,31 +50,31 @@ def test_good_sample_packs():
 def test_missing_key_is_named():
     s = good()
     del s["obs"]["kind"]
-    refused(s, "missing", "['obs']['kind']")
+    assert_refused(s, "missing", "['obs']['kind']")
 
 
 def test_extra_key_is_named():
     s = good()
     s["obs"]["surprise"] = 1
-    refused(s, "unexpected", "['obs']['surprise']")
+    assert_refused(s, "unexpected", "['obs']['surprise']")
 
 
 def test_wrong_shape_is_named():
     s = good()
     s["obs"]["pos"] = np.zeros(3, np.float32)
-    refused(s, "['obs']['pos']", "shape")
+    assert_refused(s, "['obs']['pos']", "shape")
 
 
 def test_float_overflow_into_float32_is_refused():
     s = good()
     s["obs"]["pos"] = np.array([1e300, 0.0])
-    refused(s, "['obs']['pos']", "1e+300")
+    assert_refused(s, "['obs']['pos']", "1e+300")
 
 
 def test_rounding_float64_into_float32_is_refused_unless_allowed():
     s = good()
     s["obs"]["pos"] = np.array([0.1, 0.0])
-    refused(s, "['obs']['pos']", "round")
+    assert_refused(s, "['obs']['pos']", "round")
     lenient = Layout.from_space(SPACE, round_floats=True)
     assert lenient.unpack(lenient.pack(s))["obs"]["pos"][0] == np.float32(0.1)
     exact = good()
@@ -85,13 +85,13 @@ def test_rounding_float64_into_float32_is_refused_unless_allowed():
 def test_300_into_uint8_is_refused():
     s = good()
     s["obs"]["count"] = np.array([1, 2, 300])
-    refused(s, "['obs']['count']", "300")
+    assert_refused(s, "['obs']['count']", "300")
 
 
 def test_fraction_into_int_leaf_is_refused():
     s = good()
     s["obs"]["level"] = 2.5
-    refused(s, "['obs']['level']", "2.5")
+    assert_refused(s, "['obs']['level']", "2.5")
     s["obs"]["level"] = 2.0  # an exact integer in a float is accepted
     assert LAYOUT.unpack(LAYOUT.pack(s))["obs"]["level"] == 2
 
@@ -99,33 +99,33 @@ def test_fraction_into_int_leaf_is_refused():
 def test_integer_box_bounds_are_checked():
     s = good()
     s["obs"]["level"] = 11
-    refused(s, "['obs']['level']", "11", "bounds")
+    assert_refused(s, "['obs']['level']", "11", "bounds")
 
 
 def test_discrete_out_of_range_respects_start():
     s = good()
     s["obs"]["kind"] = 1  # start is 2
-    refused(s, "['obs']['kind']", "start=2")
+    assert_refused(s, "['obs']['kind']", "start=2")
     s["obs"]["kind"] = 6
-    refused(s, "['obs']['kind']", "6")
+    assert_refused(s, "['obs']['kind']", "6")
 
 
 def test_multidiscrete_out_of_range_names_index():
     s = good()
     s["obs"]["choice"] = np.array([3, 3])  # second branch is start -2, n 5: [-2, 2]
-    refused(s, "['obs']['choice']", "index (1,)")
+    assert_refused(s, "['obs']['choice']", "index (1,)")
 
 
 def test_multibinary_must_be_binary():
     s = good()
     s["obs"]["buttons"] = np.array([1, 2, 0], np.int8)
-    refused(s, "['obs']['buttons']", "0 or 1")
+    assert_refused(s, "['obs']['buttons']", "0 or 1")
 
 
 def test_bool_leaf_refuses_non_binary():
     s = good()
     s["obs"]["flag"] = np.array([2, 0])
-    refused(s, "['obs']['flag']")
+    assert_refused(s, "['obs']['flag']")
     s["obs"]["flag"] = np.array([1, 0])
     assert LAYOUT.unpack(LAYOUT.pack(s))["obs"]["flag"].tolist() == [True, False]
 
@@ -133,25 +133,25 @@ def test_bool_leaf_refuses_non_binary():
 def test_text_too_long_is_refused_not_cut():
     s = good()
     s["obs"]["name"] = "abcabc"
-    refused(s, "['obs']['name']", "length 6")
+    assert_refused(s, "['obs']['name']", "length 6")
 
 
 def test_text_char_outside_charset():
     s = good()
     s["obs"]["name"] = "abz"
-    refused(s, "['obs']['name']", "'z'")
+    assert_refused(s, "['obs']['name']", "'z'")
 
 
 def test_strings_where_numbers_belong():
     s = good()
     s["obs"]["pos"] = "left"
-    refused(s, "['obs']['pos']")
+    assert_refused(s, "['obs']['pos']")
 
 
 def test_tuple_of_wrong_length():
     s = good()
     s["pair"] = (1,)
-    refused(s, "['pair']", "tuple of 2")
+    assert_refused(s, "['pair']", "tuple of 2")
 
 
 def test_int64_beyond_float64_precision_is_refused():

@@ -8,6 +8,7 @@ function that returns a codec.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -38,7 +39,7 @@ class TextView(NamedTuple):
     length: Any
 
 
-class LeafCodec:
+class LeafCodec(ABC):
     """Base class. Subclasses set ``kind`` and implement fields, check, view and to_native."""
 
     kind: ClassVar[str] = ""
@@ -54,17 +55,18 @@ class LeafCodec:
     space: spaces.Space
     fields: tuple[Field, ...]
 
+    @abstractmethod
     def spec(self) -> dict:
         """JSON-able parameters that rebuild this codec (``kind`` included)."""
-        raise NotImplementedError(f"{type(self).__name__} must define spec()")
 
     @classmethod
+    @abstractmethod
     def from_spec(cls, spec: dict) -> "LeafCodec":
-        raise NotImplementedError(f"{cls.__name__} must define from_spec()")
+        """The codec that ``spec()`` describes."""
 
+    @abstractmethod
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         """Validate ``value`` (shape ``batch + leaf shape``) and return one exact array per field."""
-        raise NotImplementedError(f"{type(self).__name__} must define check()")
 
     def view(self, arrays: tuple) -> Any:
         """The unpacked form of this leaf from its field views."""
@@ -305,11 +307,13 @@ class _StringCodec(LeafCodec):
     def _fields(self) -> tuple[Field, ...]:
         return (Field("chars", self.char_dtype, (self.max_length,)), Field("length", np.dtype(np.int32), ()))
 
+    @abstractmethod
     def encode_string(self, text: Any, path: tuple) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must define encode_string()")
+        """The codes of one string (refusing what the space cannot hold)."""
 
+    @abstractmethod
     def decode_string(self, codes: np.ndarray) -> str:
-        raise NotImplementedError(f"{type(self).__name__} must define decode_string()")
+        """The string of ``codes``."""
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         values = np.empty(batch, dtype=object)
