@@ -84,24 +84,25 @@ def _where(path: tuple) -> str:
 def _check(value: Any, space: spaces.Space, n: int, path: tuple, env_ids: np.ndarray, agents: int) -> np.ndarray:
     """``value`` as an array of n actions of ``space``; refuse anything else with the first bad row."""
     arr = value if type(value) is np.ndarray else np.asarray(value)
-    where = _where(path)
     shape = (n, *space.shape)
     if isinstance(space, spaces.Discrete) and arr.shape == (n, 1):
         arr = arr.reshape(n)  # a (rows, 1) column is the same actions
     if arr.shape != shape:
-        raise EmulationError(f"{where} has shape {arr.shape}, expected {shape} ({n} rows of {space})")
+        raise EmulationError(f"{_where(path)} has shape {arr.shape}, expected {shape} ({n} rows of {space})")
     if isinstance(space, spaces.Box) and space.dtype.kind == "f":
         if arr.dtype.kind != "f":
-            raise EmulationError(f"{where} has dtype {arr.dtype}; {space} takes floats")
+            raise EmulationError(f"{_where(path)} has dtype {arr.dtype}; {space} takes floats")
         with np.errstate(invalid="ignore"):
             bad = ~((arr >= space.low) & (arr <= space.high))
-        _refuse(bad, arr, where, "outside the Box bounds or not a number", env_ids, agents)
+        if bad.any():
+            _refuse(bad, arr, _where(path), "outside the Box bounds or not a number", env_ids, agents)
         return arr
     if arr.dtype.kind not in "iu":
-        raise EmulationError(f"{where} has dtype {arr.dtype}; {space} takes integers")
+        raise EmulationError(f"{_where(path)} has dtype {arr.dtype}; {space} takes integers")
     low, high = _int_bounds(space)
     bad = (arr < low) | (arr > high)
-    _refuse(bad, arr, where, f"outside [{np.min(low)}, {np.max(high)}] of {space}", env_ids, agents)
+    if bad.any():  # the message (str of the space) is built only for a refusal
+        _refuse(bad, arr, _where(path), f"outside [{np.min(low)}, {np.max(high)}] of {space}", env_ids, agents)
     return arr
 
 
@@ -116,8 +117,6 @@ def _int_bounds(space: spaces.Space) -> tuple[Any, Any]:
 
 
 def _refuse(bad: np.ndarray, arr: np.ndarray, where: str, why: str, env_ids: np.ndarray, agents: int) -> None:
-    if not bad.any():
-        return
     row = int(np.argwhere(bad.reshape(len(bad), -1).any(axis=1))[0, 0])
     env, agent = int(env_ids[row // agents]), row % agents
     raise EmulationError(f"{where} row {row} (env {env}, agent {agent}) = {arr[row].tolist()} is {why}; "
