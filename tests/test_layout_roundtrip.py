@@ -48,7 +48,7 @@ def check_round_trip(space, seed):
     assert row.dtype == np.uint8 and row.shape == (layout.nbytes,)
     unpacked = layout.unpack(row)
     assert_bit_equal(space, sample, unpacked, text_native)
-    for leaf, view in zip(layout.leaves, layout._views(row, ())):
+    for leaf, view in zip(layout.leaves, layout.bind(row).views):
         assert np.shares_memory(view, row) or leaf.nbytes == 0
     tensors = nativize(torch.from_numpy(row), layout)
     assert_bit_equal(space, sample, tensors, text_native)
@@ -76,7 +76,7 @@ def test_batch_pack_equals_single_packs_and_unpacks_to_views(space, seed, n):
     for i, s in enumerate(samples):
         assert rows[i].tobytes() == layout.pack(s).tobytes()
     batched = layout.unpack(rows)
-    for leaf, view in zip(layout.leaves, layout._views(rows, (n,))):
+    for leaf, view in zip(layout.leaves, layout.bind(rows).views):
         assert view.shape == (n, *leaf.shape) and view.dtype == leaf.dtype
     torch_views = nativize(torch.from_numpy(rows), layout)
     for i, s in enumerate(samples):

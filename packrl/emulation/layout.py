@@ -111,7 +111,7 @@ class Layout:
         # plain (start, end, dtype name, shape) per leaf: constants that compiled code can read
         self.spans = tuple((leaf.offset, leaf.offset + leaf.nbytes, leaf.dtype.name, leaf.shape) for leaf in leaves)
         self._key = json.dumps(self.to_dict(), sort_keys=True)
-        self._last_views: tuple = (None, None)  # (weakref to a buffer, its leaf views): reused when packed again
+        self._last_bound: tuple = (None, None)  # (weakref to a buffer, its BoundRows): reused when packed again
 
     @classmethod
     def from_space(cls, space: spaces.Space, round_floats: bool = False) -> "Layout":
@@ -137,7 +137,7 @@ class Layout:
         else:
             self._check_buffer(out, batch_ndim=0)
             out[...] = 0  # padding bytes are zero so equal samples give equal rows
-        self._write(self.root, sample, self._views(out, ()), (), ())
+        self._bound(out).pack(sample)
         return out
 
     def pack_batch(self, samples: Any, out: np.ndarray | None = None) -> np.ndarray:
@@ -154,7 +154,7 @@ class Layout:
             self._check_buffer(out, batch_ndim=1)
             if out.shape[0] != n:
                 raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
-        views = self._views(out, (n,))
+        views = self._views(out)
         if listed:
             self._write_samples(self.root, samples, views, ())
         else:
@@ -252,7 +252,7 @@ class Layout:
     def unpack(self, buf: np.ndarray) -> Any:
         """Views of ``buf`` (``(nbytes,)`` or ``(..., nbytes)`` uint8) in the space's own structure."""
         self._check_buffer(buf, batch_ndim=None)
-        return self.unflatten(self._views(buf, buf.shape[:-1]))
+        return self.unflatten(self._views(buf))
 
     def unflatten(self, leaf_values: list) -> Any:
         """Rebuild the space's structure from one value per leaf (in ``self.leaves`` order)."""
@@ -262,14 +262,16 @@ class Layout:
         """Copies of the values the space itself produces (strings for Text, numpy scalars for Discrete)."""
         return _to_native(self.root, unpacked)
 
-    def _views(self, buf: Any, batch: tuple) -> list:
-        ref, views = self._last_views
-        if ref is not None and ref() is buf:
-            return views
-        views = self._make_views(buf, batch)
-        if isinstance(buf, np.ndarray):
-            self._last_views = (weakref.ref(buf), views)
-        return views
+    def _views(self, buf: np.ndarray) -> list:
+        return self._bound(buf).views
+
+    def _bound(self, buf: np.ndarray) -> "BoundRows":
+        """The BoundRows of ``buf``, kept for the last buffer seen: emulators pack the same rows every step."""
+        ref, bound = self._last_bound
+        if ref is None or ref() is not buf:
+            bound = BoundRows(self, buf)
+            self._last_bound = (weakref.ref(buf), bound)
+        return bound
 
     def _make_views(self, buf: Any, batch: tuple) -> list:
         views = []
@@ -317,7 +319,7 @@ class Layout:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_last_views"] = (None, None)  # a cache of views into one buffer does not travel
+        state["_last_bound"] = (None, None)  # a cache of views into one buffer does not travel
         return state
 
     def __eq__(self, other: object) -> bool:
@@ -342,7 +344,9 @@ class Layout:
 
 
 class BoundRows:
-    """A layout bound to a persistent buffer: its leaf views are made once."""
+    """A layout bound to a persistent buffer: its leaf views are made once, and so is the plan
+    for the two commonest shapes of space (one leaf; a Dict of plain leaves), which then pack
+    without walking the tree."""
 
     def __init__(self, layout: Layout, rows: np.ndarray):
         layout._check_buffer(rows, batch_ndim=None)
@@ -350,10 +354,34 @@ class BoundRows:
         self.batch = rows.shape[:-1]
         self.views = layout._make_views(rows, self.batch)
         self.tree = layout.unflatten(self.views)
+        root = layout.root
+        if _one_field(root):
+            self._leaf = (root.codec, self.views[root.leaf_ids[0]])
+            self.pack = self._pack_leaf
+        elif type(root) is DictNode and root.keys and all(_one_field(c) for c in root.children):
+            self._items = [(key, child.codec, self.views[child.leaf_ids[0]], (key,))
+                           for key, child in zip(root.keys, root.children)]
+            self.pack = self._pack_flat_dict
 
     def pack(self, sample: Any) -> None:
         """Check and write one sample (or one batched structure, for a batch of rows)."""
         self.layout._write(self.layout.root, sample, self.views, (), self.batch)
+
+    def _pack_leaf(self, sample: Any) -> None:
+        codec, view = self._leaf
+        view[...] = codec.check(sample, (), self.batch)[0]
+
+    def _pack_flat_dict(self, sample: Any) -> None:
+        if type(sample) is not dict or sample.keys() != self.layout.root.keyset:
+            BoundRows.pack(self, sample)  # the tree walk names what is missing or extra
+            return
+        batch = self.batch
+        for key, codec, view, path in self._items:
+            view[...] = codec.check(sample[key], path, batch)[0]
+
+
+def _one_field(node: Node) -> bool:
+    return type(node) is LeafNode and len(node.codec.fields) == 1
 
 
 # ---------------------------------------------------------------- tree helpers

@@ -36,7 +36,6 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated, Group, group_agents
-from packrl.emulation.layout import DictNode, LeafNode
 from packrl.errors import EmulationError
 
 
@@ -95,17 +94,8 @@ class _AgentRows:
         if self.passthrough:
             codec = self.emulated.observation.root.codec
             return [_leaf_writer(codec, buf[row, ...]) for row in range(self.num_agents)]  # 0-d rows stay views
-        writers = []
-        for row, group in enumerate(self._row_groups):
-            bound = group.observation.bind(buf[row, : group.observation.nbytes])
-            root = group.observation.root
-            if _single_field(root):  # one leaf (a Box per role, as MPE and MAgent give): no tree walk
-                writers.append(_leaf_writer(root.codec, bound.views[0]))
-            elif type(root) is DictNode and all(_single_field(c) for c in root.children):
-                writers.append(_flat_dict_writer(root, bound))  # classic games: {observation, action_mask}
-            else:
-                writers.append(bound.pack)
-        return writers
+        return [group.observation.bind(buf[row, : group.observation.nbytes]).pack
+                for row, group in enumerate(self._row_groups)]
 
     def _write(self, writers: list, row: int, obs: Any) -> None:
         try:
@@ -378,25 +368,6 @@ def _holder(env: Any, name: str) -> Any:
            and not any(name in vars(cls) for cls in type(env).__mro__)):
         env = env.env
     return env
-
-
-def _single_field(node: Any) -> bool:
-    return type(node) is LeafNode and len(node.codec.fields) == 1
-
-
-def _flat_dict_writer(root: DictNode, bound: Any) -> Any:
-    """A Dict of plain leaves written key by key; anything unusual (other keys, not a dict) goes
-    through the layout's own pack, which names what is wrong."""
-    keys = frozenset(root.keys)
-    items = [(key, child.codec, bound.views[child.leaf_ids[0]], (key,)) for key, child in zip(root.keys, root.children)]
-
-    def write(obs: Any) -> None:
-        if type(obs) is not dict or obs.keys() != keys:
-            bound.pack(obs)
-            return
-        for key, codec, view, path in items:
-            view[...] = codec.check(obs[key], path)[0]
-    return write
 
 
 def _discrete_decoder(group: Group) -> tuple | None:

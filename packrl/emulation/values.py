@@ -23,13 +23,6 @@ def _any_outside(flat: np.ndarray, low: float, high: float) -> bool:
     return bad
 
 
-def any_outside(arr: np.ndarray, low: int, high: int) -> bool:
-    """True when some element lies outside [low, high]: one compiled pass, far cheaper than numpy's
-    min and max reductions on the small arrays observations are made of."""
-    flat = arr.reshape(-1)
-    return bool(_any_outside(flat, flat.dtype.type(low), flat.dtype.type(high)))
-
-
 class IntRange:
     """Inclusive per-element integer bounds for arrays of one integer dtype. Uniform bounds are
     checked in one compiled pass; others elementwise against bounds clipped to the dtype (exact:
@@ -51,7 +44,8 @@ class IntRange:
         if not self.needed or not arr.size:
             return False
         if self.uniform is not None:
-            return any_outside(arr, *self.uniform)
+            # one compiled pass: far cheaper than numpy's min and max reductions on small arrays
+            return bool(_any_outside(arr.reshape(-1), *self.uniform))
         return bool(np.any(arr < self.low) or np.any(arr > self.high))
 
     def refuse(self, arr: np.ndarray, path: tuple, why: str) -> None:
