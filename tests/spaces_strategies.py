@@ -99,6 +99,7 @@ def sample(space: spaces.Space, rng: np.random.Generator):
         return tuple(sample(s, rng) for s in space.spaces)
     if isinstance(space, spaces.Box) and space.dtype.kind in "iu":
         return rng.integers(space.low, space.high, endpoint=True, dtype=space.dtype)
+    space.seed(int(rng.integers(2**31)))
     return space.sample()
 
 

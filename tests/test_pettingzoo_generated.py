@@ -14,7 +14,7 @@ from pettingzoo.utils.env import ParallelEnv
 from packrl import EmulationError
 from packrl.emulation import emulate
 from packrl.nativize import nativize
-from spaces_strategies import extreme, nested_spaces
+from spaces_strategies import extreme, nested_spaces, sample
 
 
 class ScriptedParallelEnv(ParallelEnv):
@@ -78,19 +78,6 @@ class ScriptedParallelEnv(ParallelEnv):
         self.agents = [a for a in self.possible_agents if a in staying]
         self.last = (obs, rewards, terminations, truncations)
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
-
-
-def sample(space: spaces.Space, rng: np.random.Generator):
-    """space.sample(), except integer Boxes, drawn by numpy directly: gymnasium's Box sampler
-    overflows on ranges as wide as the dtype (int64 [0, 2**63 - 1])."""
-    if isinstance(space, spaces.Dict):
-        return {k: sample(s, rng) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(sample(s, rng) for s in space.spaces)
-    if isinstance(space, spaces.Box) and space.dtype.kind in "iu":
-        return rng.integers(space.low, space.high, endpoint=True, dtype=space.dtype)
-    space.seed(int(rng.integers(2**31)))
-    return space.sample()
 
 
 # ---------------------------------------------------------------- comparisons
