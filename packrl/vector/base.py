@@ -160,3 +160,30 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_envs={self.num_envs}, agents_per_env={self.agents_per_env}, "
                 f"batch_size={self.batch_size}, observation row {self.spec_.row_shape} {np.dtype(self.spec_.row_dtype)})")
+
+
+class WorkerBackend(VectorEnv):
+    """What the backends with workers share: each worker steps ``envs_per_worker`` consecutive envs,
+    and a batch is a set of whole workers (``self._last``: those of the batch last received)."""
+
+    envs_per_worker: int
+    num_workers: int
+    _last: list[int] | None
+
+    def _env_ids(self, workers: list[int]) -> np.ndarray:
+        """The env ids of ``workers``, in worker order."""
+        if len(workers) == self.num_workers:
+            return self._all_env_ids
+        per = self.envs_per_worker
+        return np.concatenate([self._all_env_ids[w * per: (w + 1) * per] for w in workers])
+
+    def _write_batch_actions(self, actions: Any) -> list[int]:
+        """Check and write the actions of the batch last received (bad actions never reach a worker);
+        return its workers."""
+        self._check_usable()
+        workers = self._last
+        if workers is None:
+            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+        env_ids = self._env_ids(workers)
+        self._actions.write(actions, self._rows(env_ids), env_ids)
+        return workers

@@ -26,7 +26,7 @@ import cloudpickle
 import numpy as np
 
 from packrl.errors import EmulationError
-from packrl.vector.base import Batch, VectorEnv, plan_buffers
+from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
 from packrl.vector.shared import BufferPlan, Segment, attach_segment
@@ -63,7 +63,7 @@ class WorkerArgs:
     spin_s: float
 
 
-class Multiprocessing(VectorEnv):
+class Multiprocessing(WorkerBackend):
     """``num_workers`` processes, each stepping ``num_envs / num_workers`` consecutive envs.
 
     ``recv`` returns the first ``batch_size / envs_per_worker`` workers to finish (envs of a
@@ -150,9 +150,7 @@ class Multiprocessing(VectorEnv):
             raise EmulationError("recv() twice without send(): send the actions of the batch received first")
         workers = sorted(self._collect(self.batch_size // self.envs_per_worker))
         self._last = workers
-        per = self.envs_per_worker
-        env_ids = np.concatenate([self._all_env_ids[w * per: (w + 1) * per] for w in workers]) \
-            if len(workers) > 1 else self._all_env_ids[workers[0] * per: (workers[0] + 1) * per]
+        env_ids = self._env_ids(workers)
         infos = [{} for _ in range(len(env_ids))]
         position = {int(e): i for i, e in enumerate(env_ids)} if len(workers) < self.num_workers else None
         for w in workers:
@@ -163,15 +161,7 @@ class Multiprocessing(VectorEnv):
 
     def send(self, actions: Any) -> None:
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
-        self._check_usable()
-        workers = self._last
-        if workers is None:
-            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
-        per = self.envs_per_worker
-        env_ids = self._all_env_ids if len(workers) == self.num_workers else \
-            np.concatenate([self._all_env_ids[w * per: (w + 1) * per] for w in workers])
-        self._actions.write(actions, self._rows(env_ids), env_ids)
-        for w in workers:
+        for w in self._write_batch_actions(actions):
             self._command(w, Command.STEP)
         self._last = None
 

@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RayError
 
 from packrl.errors import EmulationError, EnvError
-from packrl.vector.base import Batch, VectorEnv, plan_buffers
+from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
 
@@ -133,7 +133,7 @@ class RayWorker:
         return Failure(self.first + failure.env_index, failure.text)
 
 
-class RayVectorEnv(VectorEnv):
+class RayVectorEnv(WorkerBackend):
     """``num_workers`` Ray actors, each stepping ``num_envs / num_workers`` consecutive envs.
 
     ``recv`` returns the first ``batch_size / envs_per_worker`` workers to reply (oldest sends
@@ -216,13 +216,7 @@ class RayVectorEnv(VectorEnv):
 
     def send(self, actions: Any) -> None:
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
-        self._check_usable()
-        workers = self._last
-        if workers is None:
-            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
-        env_ids = self._env_ids(workers)
-        self._actions.write(actions, self._rows(env_ids), env_ids)  # checked here: bad actions never travel
-        for w in workers:
+        for w in self._write_batch_actions(actions):
             rows = self._slices[w]
             # .remote() serializes the rows now, so the next write to the arrays cannot race it.
             self._in_flight[w] = self._actors[w].step.remote({name: self.arrays[name][rows]
@@ -288,12 +282,6 @@ class RayVectorEnv(VectorEnv):
             del self._in_flight[w]
             self._get(w, future)
         self._last = None
-
-    def _env_ids(self, workers: list[int]) -> np.ndarray:
-        if len(workers) == self.num_workers:
-            return self._all_env_ids
-        per = self.envs_per_worker
-        return np.concatenate([self._all_env_ids[w * per: (w + 1) * per] for w in workers])
 
     def _span(self, w: int) -> str:
         first = w * self.envs_per_worker
