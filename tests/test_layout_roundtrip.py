@@ -179,3 +179,11 @@ def test_torch_views_keep_exact_dtypes(dtype):
     view = nativize(tensor, layout)["x"]
     assert str(view.dtype) == f"torch.{dtype}"
     assert view.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+
+
+def test_zero_rows_and_empty_containers():
+    layout = Layout.from_space(spaces.Dict({"a": spaces.Box(0, 9, (2,), np.int64), "e": spaces.Dict({}), "t": spaces.Tuple(())}))
+    views = layout.unpack(np.zeros((0, layout.nbytes), np.uint8))
+    assert views["a"].shape == (0, 2) and views["e"] == {} and views["t"] == ()
+    assert layout.pack_batch([]).shape == (0, layout.nbytes)
+    assert layout.unpack(layout.pack({"a": np.array([1, 9]), "e": {}, "t": ()}))["a"].tolist() == [1, 9]

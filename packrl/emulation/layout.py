@@ -289,7 +289,7 @@ class Layout:
             raise EmulationError(f"rows must have a last axis of {self.nbytes} bytes, got shape {buf.shape}")
         if batch_ndim is not None and buf.ndim != batch_ndim + 1:
             raise EmulationError(f"expected {batch_ndim + 1}-d rows, got shape {buf.shape}")
-        if buf.shape[-1] > 1 and buf.strides[-1] != 1:
+        if buf.size and buf.shape[-1] > 1 and buf.strides[-1] != 1:
             raise EmulationError(f"rows must be contiguous along the byte axis, got strides {buf.strides}")
 
     # ------------------------------------------------------------ plain data
