@@ -18,16 +18,8 @@ from pathlib import Path
 import numpy as np
 
 
-def machine_line() -> str:
-    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
-    if tools.is_dir():
-        sys.path.insert(0, str(tools))
-        from machine_line import machine_line as line
-
-        return line(("packrl", "numpy", "torch", "numba", "triton"))
-    import platform
-
-    return f"{os.cpu_count()} cpus ({platform.processor() or platform.machine()}), Python {platform.python_version()}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_line  # noqa: E402
 
 
 def rollout(T: int, N: int, seed: int = 0) -> dict:

@@ -13,7 +13,6 @@ at most 15% to the raw step on KAZ. Usage: python benchmarks/multiagent.py [--re
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -32,18 +31,12 @@ from supersuit import black_death_v3, pad_observations_v0  # noqa: E402
 
 from packrl.emulation import emulate  # noqa: E402
 
-
-def machine_line() -> str:
-    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
-    if (tools / "machine_line.py").exists():
-        sys.path.insert(0, str(tools))
-        from machine_line import machine_line as line
-
-        return line(("packrl", "numpy", "pettingzoo", "supersuit", "pymunk", "mpe2"))
-    return f"{platform.platform()}, Python {platform.python_version()}, numpy {np.__version__}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_line  # noqa: E402
 
 
 # ---------------------------------------------------------------- Parallel loops
+
 
 def raw_parallel(make: Callable, actions: np.ndarray) -> float:
     """Steps/s of the raw env, fed a dict of python ints for env.agents (what a user writes)."""
@@ -183,7 +176,7 @@ def main() -> None:
     ]
     results = measure(cases, args.repeats)
     raw = {env: rate for env, variant, rate, _ in results if variant == "raw"}
-    print(machine_line())
+    print(machine_line(("supersuit", "pymunk", "mpe2")))
     print("(a shared machine: other jobs may run alongside; ratios come from interleaved repeats)")
     print(f"{'env':28s} {'variant':28s} {'steps/s':>10s} {'vs raw':>8s} {'added time':>11s}  runs")
     for env, variant, rate, runs in results:

@@ -25,20 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_line  # noqa: E402
+
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES, HIDDEN, LR = 8, 128, 4, 4, 64, 2.5e-4
-
-
-def machine_line() -> str:
-    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
-    if tools.is_dir():
-        sys.path.insert(0, str(tools))
-        from machine_line import machine_line as line
-
-        return line(("packrl", "numpy", "torch", "gymnasium", "numba", "stable_baselines3"))
-    import os
-    import platform
-
-    return f"{os.cpu_count()} cpus ({platform.processor() or platform.machine()}), Python {platform.python_version()}, torch {torch.__version__}"
 
 
 # ---------------------------------------------------------------- CleanRL-style single-file PPO
@@ -178,7 +168,7 @@ def main() -> None:
     base = statistics.median(results["cleanrl-style (gymnasium)"])
     print(f"CartPole PPO training throughput, {args.steps} agent steps x {args.repeats} repeats, "
           f"{NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS}x{MINIBATCHES} minibatches, torch threads {args.threads}")
-    print(machine_line())
+    print(machine_line(("stable_baselines3",)))
     print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
     for name, rates in results.items():
         med = statistics.median(rates)

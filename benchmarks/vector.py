@@ -21,17 +21,8 @@ from packrl import vector
 from packrl.vector.testing import StructuredEnv
 
 
-def machine() -> str:
-    tools = Path(__file__).resolve().parents[2] / "shared" / "tools"
-    if tools.is_dir():
-        sys.path.insert(0, str(tools))
-        from machine_line import machine_line
-
-        return machine_line(("packrl", "numpy", "gymnasium", "stable_baselines3"))
-    import os
-    import platform
-
-    return f"{os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_line  # noqa: E402
 
 
 ENVS = {
@@ -96,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = 0.3 if args.quick else 1.0
     names = args.vectorizers.split(",")
-    print(machine())
+    print(machine_line(("stable_baselines3",)))
     print("Machine shared with other jobs: compare ratios within one run, not absolute numbers across runs.")
     print(f"agent-steps/s, median of {args.repeats} x {seconds}s (min..max); ratio = median / gym Sync median")
     print(f"{'env':18} {'n':>3} {'vectorizer':15} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
