@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from packrl import EnvError, vector
-from packrl.vector.testing import ScriptedEnv
+from packrl.vector.testing import ScriptedEnv, SeededFailure
 
 SHM = Path("/dev/shm")
 
@@ -57,15 +57,6 @@ def test_env_error_names_worker_env_and_traceback_quickly(context):
         venv.step(np.zeros(4, np.int64))
     venv.close()
     assert_clean(pids, names)
-
-
-class SeededFailure(ScriptedEnv):
-    """Env 3 (seeded 3 on the first reset) raises on its third step."""
-
-    def reset(self, seed=None, options=None):
-        if seed == 3:
-            self.fail_at = 3
-        return super().reset(seed=seed, options=options)
 
 
 def test_serial_env_error_names_env_and_traceback():
@@ -120,7 +111,7 @@ def test_interpreter_exit_without_close_leaves_nothing():
     script = textwrap.dedent("""
         import numpy as np
         from packrl import vector
-        from packrl.vector.testing import ScriptedEnv
+        from packrl.vector.testing import ScriptedEnv, SeededFailure
         if __name__ == "__main__":
             venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="spawn")
             venv.reset()

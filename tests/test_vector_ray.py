@@ -17,7 +17,7 @@ import ray.cloudpickle
 
 from packrl import EmulationError, EnvError, vector
 from packrl.emulation import Layout
-from packrl.vector.testing import ScriptedEnv, StructuredEnv
+from packrl.vector.testing import ScriptedEnv, SeededFailure, StructuredEnv
 
 STEPS = 24
 
@@ -167,15 +167,6 @@ def test_async_batches_bookkeeping():
     for row, e in enumerate(b.env_ids):
         np.testing.assert_array_equal(b.observations[row], layout.pack(ScriptedEnv().reset(seed=11 + int(e))[0]))
     venv.close()
-
-
-class SeededFailure(ScriptedEnv):
-    """Env 3 (seeded 3 on the first reset) raises on its third step."""
-
-    def reset(self, seed=None, options=None):
-        if seed == 3:
-            self.fail_at = 3
-        return super().reset(seed=seed, options=options)
 
 
 def test_env_error_names_worker_env_and_traceback():

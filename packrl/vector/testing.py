@@ -84,3 +84,12 @@ class StructuredEnv(gymnasium.Env):
         self.t += 1
         self.obs["mode"] = int(action)
         return self.obs, 1.0, False, self.t >= 200, {}
+
+
+class SeededFailure(ScriptedEnv):
+    """Env 3 of a vector env (seeded 3 on the first reset) raises on its third step."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        if seed == 3:
+            self.fail_at = 3
+        return super().reset(seed=seed, options=options)
