@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -110,8 +112,12 @@ class Layout:
         self.alignment = max((leaf.dtype.alignment for leaf in leaves), default=1)
         # plain (start, end, dtype name, shape) per leaf: constants that compiled code can read
         self.spans = tuple((leaf.offset, leaf.offset + leaf.nbytes, leaf.dtype.name, leaf.shape) for leaf in leaves)
+        self.gaps = _gaps(leaves, nbytes)  # byte ranges no leaf covers (padding): kept zero
         self._key = json.dumps(self.to_dict(), sort_keys=True)
         self._last_bound: tuple = (None, None)  # (weakref to a buffer, its BoundRows): reused when packed again
+        self._packs = 0  # samples packed in this process, until the compiled pack is made
+        self._compiled: Any = None  # None: not yet; False: not available; else a CompiledPack
+        self._unflatten_fn: Any = None
 
     @classmethod
     def from_space(cls, space: spaces.Space, round_floats: bool = False) -> "Layout":
@@ -131,14 +137,49 @@ class Layout:
     # ------------------------------------------------------------ pack
 
     def pack(self, sample: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Check ``sample`` against the space and write it into ``out`` (or a new ``(nbytes,)`` row)."""
+        """Check ``sample`` against the space and write it into ``out`` (or a new ``(nbytes,)`` row).
+        Nothing is written when the sample is refused."""
         if out is None:
             out = np.zeros(self.nbytes, dtype=np.uint8)
-        else:
-            self._check_buffer(out, batch_ndim=0)
-            out[...] = 0  # padding bytes are zero so equal samples give equal rows
-        self._bound(out).pack(sample)
+            fast = self._hot(1)
+            if fast is None or not fast(sample, out.reshape(1, -1), 0):
+                self._bound(out).pack_checked(sample)
+            return out
+        bound = self._bound(out)  # checks a buffer the first time it is seen
+        if bound.batch:
+            raise EmulationError(f"pack writes one row: expected 1-d rows, got shape {out.shape} (use pack_batch)")
+        bound.pack(sample)
         return out
+
+    # ------------------------------------------------------------ the compiled pack
+
+    def compiled_pack(self) -> Any:
+        """The generated, Numba-compiled pack of this layout (see ``packrl.emulation.compiled``),
+        made now if it is not yet; None where it cannot be made. Packing compiles it by itself once
+        a layout has packed ``COMPILE_AFTER`` samples (env ``PACKRL_COMPILE_PACK``: ``auto``,
+        ``always`` or ``never``)."""
+        if self._compiled is None:
+            self._compiled = False
+            if len(self.leaves) <= MAX_COMPILED_LEAVES:
+                from packrl.emulation.compiled import CompiledPack
+
+                try:
+                    self._compiled = CompiledPack(self)
+                except Exception as err:  # noqa: BLE001 - any failure leaves the checked Python path
+                    warnings.warn(f"packrl: no compiled pack for this layout ({type(err).__name__}: {err}); "
+                                  "packing stays on the checked Python path", RuntimeWarning, stacklevel=2)
+        return self._compiled or None
+
+    def _hot(self, count: int) -> Any:
+        """Count ``count`` packed samples; the compiled pack function once the layout is hot, else None."""
+        if self._compiled is not None:
+            return self._compiled.pack if self._compiled else None
+        self._packs += count
+        mode = os.environ.get("PACKRL_COMPILE_PACK", "auto")
+        if mode == "never" or (mode != "always" and self._packs < COMPILE_AFTER):
+            return None
+        compiled = self.compiled_pack()
+        return compiled.pack if compiled else None
 
     def pack_batch(self, samples: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Pack many samples into ``(N, nbytes)`` rows. ``samples`` is a list of samples, or one
@@ -154,33 +195,48 @@ class Layout:
             self._check_buffer(out, batch_ndim=1)
             if out.shape[0] != n:
                 raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
+        if listed and n:
+            for start, end in self.gaps:
+                out[:, start:end] = 0
+            fast = self._hot(n)
+            if fast is not None and out.flags.c_contiguous:
+                for i, sample in enumerate(samples):
+                    if not fast(sample, out, i):
+                        break
+                else:
+                    return out
         views = self._views(out)
         if listed:
             self._write_samples(self.root, samples, views, ())
         else:
-            self._write(self.root, samples, views, (), (n,))
+            self._apply(self._checked(self.root, samples, (), (n,), []), views)
         return out
 
     def bind(self, rows: np.ndarray) -> "BoundRows":
         """Precompute the views of a persistent buffer, for packing into it at no per-call view cost."""
         return BoundRows(self, rows)
 
-    def _write(self, node: Node, value: Any, views: list, path: tuple, batch: tuple) -> None:
+    def _checked(self, node: Node, value: Any, path: tuple, batch: tuple, out: list) -> list:
+        """Check ``value`` against ``node``; append (leaf id, exact array) pairs to ``out``. Writes nothing."""
         if type(node) is LeafNode:
-            arrays = node.codec.check(value, path, batch)
-            for leaf_id, arr in zip(node.leaf_ids, arrays):
-                views[leaf_id][...] = arr
+            out.extend(zip(node.leaf_ids, node.codec.check(value, path, batch)))
         elif type(node) is DictNode:
             if not isinstance(value, dict) or value.keys() != node.keyset:
                 self._check_keys(node, value, path)
             for key, child in zip(node.keys, node.children):
-                self._write(child, value[key], views, path + (key,), batch)
+                self._checked(child, value[key], path + (key,), batch, out)
         else:
             if not isinstance(value, (tuple, list)) or len(value) != len(node.children):
                 got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (tuple, list)) else repr(type(value).__name__)
                 raise EmulationError(f"at {format_path(path)}: expected a tuple of {len(node.children)} items, got {got}")
             for i, child in enumerate(node.children):
-                self._write(child, value[i], views, path + (i,), batch)
+                self._checked(child, value[i], path + (i,), batch, out)
+        return out
+
+    @staticmethod
+    def _apply(checked: list, views: list) -> None:
+        for leaf_id, arr in checked:
+            views[leaf_id][...] = arr
 
     @staticmethod
     def _check_keys(node: DictNode, value: Any, path: tuple) -> None:
@@ -251,12 +307,13 @@ class Layout:
 
     def unpack(self, buf: np.ndarray) -> Any:
         """Views of ``buf`` (``(nbytes,)`` or ``(..., nbytes)`` uint8) in the space's own structure."""
-        self._check_buffer(buf, batch_ndim=None)
-        return self.unflatten(self._views(buf))
+        return self.unflatten(self._bound(buf).views)  # the buffer is checked when first seen
 
     def unflatten(self, leaf_values: list) -> Any:
         """Rebuild the space's structure from one value per leaf (in ``self.leaves`` order)."""
-        return _unflatten(self.root, leaf_values)
+        if self._unflatten_fn is None:
+            self._unflatten_fn = _unflatten_function(self.root)
+        return self._unflatten_fn(leaf_values)
 
     def to_native(self, unpacked: Any) -> Any:
         """Copies of the values the space itself produces (strings for Text, numpy scalars for Discrete)."""
@@ -320,6 +377,7 @@ class Layout:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_last_bound"] = (None, None)  # a cache of views into one buffer does not travel
+        state["_compiled"], state["_packs"], state["_unflatten_fn"] = None, 0, None  # made again where used
         return state
 
     def __eq__(self, other: object) -> bool:
@@ -344,9 +402,10 @@ class Layout:
 
 
 class BoundRows:
-    """A layout bound to a persistent buffer: its leaf views are made once, and so is the plan
-    for the two commonest shapes of space (one leaf; a Dict of plain leaves), which then pack
-    without walking the tree."""
+    """A layout bound to a persistent buffer: its leaf views are made once. One row packs through
+    the layout's compiled pack once the layout is hot; otherwise (and to explain a refusal) the
+    checked Python path runs, planned once for the two commonest shapes of space (one leaf; a
+    Dict of plain leaves)."""
 
     def __init__(self, layout: Layout, rows: np.ndarray):
         layout._check_buffer(rows, batch_ndim=None)
@@ -354,18 +413,32 @@ class BoundRows:
         self.batch = rows.shape[:-1]
         self.views = layout._make_views(rows, self.batch)
         self.tree = layout.unflatten(self.views)
+        # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
+        self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous else None
+        self._fast: Any = None
         root = layout.root
         if _one_field(root):
             self._leaf = (root.codec, self.views[root.leaf_ids[0]])
-            self.pack = self._pack_leaf
+            self.pack_checked = self._pack_leaf
         elif type(root) is DictNode and root.keys and all(_one_field(c) for c in root.children):
             self._items = [(key, child.codec, self.views[child.leaf_ids[0]], (key,))
                            for key, child in zip(root.keys, root.children)]
-            self.pack = self._pack_flat_dict
+            self.pack_checked = self._pack_flat_dict
 
     def pack(self, sample: Any) -> None:
-        """Check and write one sample (or one batched structure, for a batch of rows)."""
-        self.layout._write(self.layout.root, sample, self.views, (), self.batch)
+        """Check and write one sample (or one batched structure, for a batch of rows). Nothing is
+        written when the sample is refused."""
+        fast = self._fast
+        if fast is None and self._rows2d is not None:
+            fast = self._fast = self.layout._hot(1)
+        if fast is None or not fast(sample, self._rows2d, 0):
+            self.pack_checked(sample)
+            for start, end in self.layout.gaps:  # the compiled pack zeroes them too
+                self.rows[..., start:end] = 0
+
+    def pack_checked(self, sample: Any) -> None:
+        """The Python path: walk the tree, check every leaf, then write them all."""
+        self.layout._apply(self.layout._checked(self.layout.root, sample, (), self.batch, []), self.views)
 
     def _pack_leaf(self, sample: Any) -> None:
         codec, view = self._leaf
@@ -373,11 +446,12 @@ class BoundRows:
 
     def _pack_flat_dict(self, sample: Any) -> None:
         if type(sample) is not dict or sample.keys() != self.layout.root.keyset:
-            BoundRows.pack(self, sample)  # the tree walk names what is missing or extra
+            BoundRows.pack_checked(self, sample)  # the tree walk names what is missing or extra
             return
         batch = self.batch
-        for key, codec, view, path in self._items:
-            view[...] = codec.check(sample[key], path, batch)[0]
+        checked = [(view, codec.check(sample[key], path, batch)[0]) for key, codec, view, path in self._items]
+        for view, arr in checked:
+            view[...] = arr
 
 
 def _one_field(node: Node) -> bool:
@@ -385,6 +459,13 @@ def _one_field(node: Node) -> bool:
 
 
 # ---------------------------------------------------------------- tree helpers
+
+COMPILE_AFTER = 256
+"""Samples a layout packs on the Python path before packrl compiles its pack (a few seconds the
+first time on a machine, then loaded from Numba's disk cache)."""
+
+MAX_COMPILED_LEAVES = 128
+"""Layouts with more leaves stay on the Python path: the compile time grows with the leaves."""
 
 STACK_INTO_ROWS_BYTES = 1024
 """Leaves at least this large are stacked straight into the rows; smaller ones go through one
@@ -412,12 +493,41 @@ def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
     return arr
 
 
-def _unflatten(node: Node, values: list) -> Any:
-    if type(node) is LeafNode:
-        return node.codec.view(tuple(values[i] for i in node.leaf_ids))
-    if type(node) is DictNode:
-        return {k: _unflatten(c, values) for k, c in zip(node.keys, node.children)}
-    return tuple(_unflatten(c, values) for c in node.children)
+def _unflatten_function(root: Node) -> Any:
+    """A function that builds ``root``'s structure from the leaf values in one expression
+    (generated once per layout: a Python tree walk costs a call per node on every unpack)."""
+    names: dict[str, Any] = {}
+
+    def key(k: Any) -> str:
+        if type(k) in (str, int):
+            return repr(k)
+        names[f"key{len(names)}"] = k
+        return f"key{len(names) - 1}"
+
+    def expr(node: Node) -> str:
+        if type(node) is LeafNode:
+            if type(node.codec).view is LeafCodec.view:
+                return f"v[{node.leaf_ids[0]}]"
+            names[f"view{len(names)}"] = node.codec.view
+            return f"view{len(names) - 1}(({''.join(f'v[{i}], ' for i in node.leaf_ids)}))"
+        if type(node) is DictNode:
+            return "{" + "".join(f"{key(k)}: {expr(c)}, " for k, c in zip(node.keys, node.children)) + "}"
+        return "(" + "".join(f"{expr(c)}, " for c in node.children) + ")"
+
+    code = f"lambda v: {expr(root)}"
+    return eval(code, names)  # noqa: S307 - the text is built above from the layout alone
+
+
+def _gaps(leaves: tuple, nbytes: int) -> tuple[tuple[int, int], ...]:
+    """The byte ranges of a row that no leaf covers."""
+    gaps, cursor = [], 0
+    for start, end in sorted((leaf.offset, leaf.offset + leaf.nbytes) for leaf in leaves):
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if nbytes > cursor:
+        gaps.append((cursor, nbytes))
+    return tuple(gaps)
 
 
 def _to_native(node: Node, value: Any) -> Any:

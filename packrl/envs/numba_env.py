@@ -25,10 +25,8 @@ process loads it from disk instead of compiling.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import inspect
 import keyword
-import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -43,6 +41,7 @@ from numba.core import errors as numba_errors
 from numba.core.dispatcher import Dispatcher
 from numba.extending import overload
 
+from packrl._codegen import cache_dir, import_generated  # noqa: F401 - cache_dir is part of this module's API
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
@@ -399,11 +398,6 @@ class KernelSource:
 
 # ---------------------------------------------------------------- loading the generated module
 
-def cache_dir() -> Path:
-    """Where generated kernel modules (and Numba's cache of them) live."""
-    return Path(os.environ.get("PACKRL_NUMBA_CACHE", Path.home() / ".cache" / "packrl" / "numba"))
-
-
 def _fingerprint(fn: Dispatcher) -> bytes:
     """What a user kernel's compiled code depends on: its module's whole source file (so its helpers
     count too), its name, and the values it closes over."""
@@ -435,21 +429,9 @@ def load_kernels(source: KernelSource, inline: bool = True) -> Any:
         digest.update((here / dep).read_bytes())
     slug = "".join(ch if ch.isalnum() else "_" for ch in source.env.name)
     modname = f"packrl_kernel_{slug}_{digest.hexdigest()[:16]}"
-    if modname in sys.modules:
+    if modname in sys.modules:  # made ready by another env of this process
         return sys.modules[modname]
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{modname}.py"
-    if not path.exists():
-        # write then rename: processes starting together never read half a file, and an existing
-        # file is never rewritten (Numba's cache is keyed by the file's modification time)
-        tmp = folder / f".{modname}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(modname, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = module
-    spec.loader.exec_module(module)
+    module = import_generated(modname, text)
     if inline:
         module._user_reset = njit(inline="always")(source.env.reset.py_func)
         module._user_step = njit(inline="always")(source.env.step.py_func)

@@ -1,0 +1,42 @@
+"""Generated Python modules on disk, so that Numba's ``cache=True`` can keep their compiled code.
+
+Numba caches a function by its source file and that file's modification time, so generated code
+is written once to a file named by a hash of everything that shapes it, and imported from there.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def cache_dir() -> Path:
+    """Where generated kernel modules (and Numba's cache of them) live."""
+    return Path(os.environ.get("PACKRL_NUMBA_CACHE", Path.home() / ".cache" / "packrl" / "numba"))
+
+
+def import_generated(modname: str, text: str) -> ModuleType:
+    """Import the module ``modname`` with source ``text``, writing its file first if it is new.
+
+    ``modname`` must name ``text`` uniquely (a hash of it): an existing file is never rewritten."""
+    if modname in sys.modules:
+        return sys.modules[modname]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{modname}.py"
+    if not path.exists():
+        # write then rename: processes starting together never read half a file
+        tmp = folder / f".{modname}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[modname]
+        raise
+    return module

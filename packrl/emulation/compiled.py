@@ -1,0 +1,315 @@
+"""A compiled pack per Layout: one Numba call checks and writes every leaf of a sample.
+
+The tree walk of ``Layout.pack`` costs one to three microseconds per leaf in Python. For a hot
+layout packrl generates a module with two functions that mirror the space's structure:
+
+- ``pack(sample, rows, r)``, plain Python: takes the leaves out of the nested Dicts and Tuples
+  and hands them, untouched, to
+- ``_kernel(rows, r, *leaves)``, compiled by Numba for exactly the leaves' dtypes and ranks:
+  it checks every shape and every bounded integer leaf first, then copies all of them into row
+  ``r``. Nothing is written unless every leaf passed.
+
+The compiled path only accepts, it never explains: anything unexpected (a list where an array
+was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
+the checked tree walk, which converts what converts exactly and names what does not. Because
+the kernel has Numba compilation disabled after its signatures are made, an array of another
+dtype can never be cast on its way in. String and user leaves are checked by their codecs in
+Python and copied by the kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numba
+import numpy as np
+from numba import types
+
+from packrl._codegen import import_generated
+
+if TYPE_CHECKING:
+    from packrl.emulation.layout import Layout, Node
+
+CHECKED_IN_KERNEL = ("box", "discrete", "multidiscrete", "multibinary")
+"""Codec kinds whose check the kernel does itself; other codecs check in Python."""
+
+_NUMBA_DTYPES = {np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                        np.uint32, np.uint64, np.float32, np.float64)}
+# Numba has no float16 arithmetic; float16 leaves travel as their uint16 bit patterns
+_BITS_OF = {np.dtype(np.float16): np.dtype(np.uint16)}
+
+
+class CompiledPack:
+    """The generated pack of one Layout. ``pack(sample, rows, r)`` writes ``sample`` into
+    ``rows[r]`` (``rows``: C-contiguous ``(N, nbytes)`` uint8) and returns True, or returns
+    False having written nothing."""
+
+    def __init__(self, layout: "Layout"):
+        source = _Source(layout)
+        text = source.text()
+        digest = hashlib.sha256(text.encode())
+        for name, arr in sorted(source.constants.items()):
+            digest.update(name.encode() + arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
+        digest.update(Path(__file__).read_bytes())
+        module = import_generated(f"packrl_pack_{digest.hexdigest()[:20]}", text)
+        if not getattr(module, "_ready", False):
+            for name, value in {**source.constants, **source.objects}.items():
+                setattr(module, name, value)
+            module._kernel = numba.njit(cache=True, nogil=True, _nrt=False)(module._kernel_py)
+            module._kernel.compile(source.signature(generic=False))
+            module._kernel.disable_compile()
+            module._retry_generic = _generic_retry(module, source.signature(generic=True))
+            module._ready = True
+        self.module = module
+        self.pack: Callable[[Any, np.ndarray, int], bool] = module.pack
+
+
+MAX_MISSES = 16
+"""Calls with arrays of other dtypes after which a layout's compiled pack turns itself off in this
+process: each such call costs Numba tens of microseconds to refuse before the Python path runs."""
+
+
+def _generic_retry(module: Any, signature: tuple) -> Callable[..., bool]:
+    """The fallback for arguments the exact signature refused: compile once for strided and
+    read-only arrays and retry; arguments of other dtypes are counted, and after MAX_MISSES of
+    them the compiled pack is off (``module._off``)."""
+    state = {"compiled": False, "misses": 0}
+
+    def retry(*args: Any) -> bool:
+        kernel = module._kernel
+        if not state["compiled"]:
+            state["compiled"] = True
+            kernel.disable_compile(False)
+            try:
+                kernel.compile(signature)
+            finally:
+                kernel.disable_compile()
+        try:
+            return kernel(*args) == 0
+        except (TypeError, ValueError, OverflowError):
+            state["misses"] += 1
+            module._off = state["misses"] >= MAX_MISSES
+            return False  # not the dtypes the kernel takes: the caller's checked path converts or explains
+
+    return retry
+
+
+class _Source:
+    """The text of a layout's generated module and the objects it needs."""
+
+    def __init__(self, layout: "Layout"):
+        self.layout = layout
+        self.constants: dict[str, np.ndarray | np.generic] = {}
+        self.objects: dict[str, Any] = {}
+        self.fields: list[tuple[int, str, bool]] = []  # (leaf id, kernel argument, is a Python scalar)
+        self.py_lines: list[str] = []
+        self.py_checks: list[str] = []
+        self.counter = 0
+
+    # ------------------------------------------------------------ the Python half
+
+    def text(self) -> str:
+        from packrl.emulation.layout import DictNode, TupleNode
+
+        root = self.layout.root
+        self._extract(root, "s", (), DictNode, TupleNode)
+        args = ", ".join(expr for _, expr, _ in sorted(self.fields))
+        lines = [
+            '"""Generated by packrl.emulation.compiled. Do not edit: the file name is a hash of its inputs."""',
+            "import numpy as np",
+            "",
+            "_ndarray = np.ndarray",
+            "_int = int",
+            "_int64 = np.int64",
+            "_ready = False",
+            "_off = False",
+            "",
+            "",
+            "def pack(s, rows, r):",
+            "    if _off:",
+            "        return False",
+            "    try:",
+            *("        " + line for line in self.py_lines or ["pass"]),
+            *("        " + line for line in self.py_checks),
+            "    except Exception:  # the checked Python path names what is wrong",
+            "        return False",
+            "    try:",
+            f"        code = _kernel(rows, r, {args})",
+            "    except (TypeError, ValueError, OverflowError):",
+            f"        return _retry_generic(rows, r, {args})",
+            "    return code == 0",
+            "",
+            "",
+            *self._kernel_lines(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def _extract(self, node: "Node", expr: str, path: tuple, DictNode: type, TupleNode: type) -> None:
+        """Lines that bind each leaf of the sample ``expr`` to a local, checking containers on the way."""
+        if type(node) is DictNode:
+            lines = self.py_lines
+            lines.append(f"if {expr}.__class__ is not dict and not isinstance({expr}, dict): return False")
+            lines.append(f"if len({expr}) != {len(node.keys)}: return False")
+            for key, child in zip(node.keys, node.children):
+                local = self._name("d")
+                lines.append(f"{local} = {expr}[{self._const(key)}]")
+                self._extract(child, local, path + (key,), DictNode, TupleNode)
+        elif type(node) is TupleNode:
+            lines = self.py_lines
+            lines.append(f"if {expr}.__class__ is not tuple and {expr}.__class__ is not list: return False")
+            lines.append(f"if len({expr}) != {len(node.children)}: return False")
+            for i, child in enumerate(node.children):
+                local = self._name("t")
+                lines.append(f"{local} = {expr}[{i}]")
+                self._extract(child, local, path + (i,), DictNode, TupleNode)
+        else:
+            self._leaf(node, expr, path)
+
+    def _leaf(self, node: Any, expr: str, path: tuple) -> None:
+        codec, leaf_ids = node.codec, node.leaf_ids
+        leaves = [self.layout.leaves[i] for i in leaf_ids]
+        in_kernel = codec.kind in CHECKED_IN_KERNEL and len(leaves) == 1 and leaves[0].dtype in _NUMBA_DTYPES
+        if in_kernel and leaves[0].shape == ():
+            # scalars go in as scalars of an exact class only: Numba would cast a float to an int
+            exact = self._name("_scalar")
+            self.objects[exact] = leaves[0].dtype.type
+            if codec.kind == "discrete":  # a Discrete sample is a Python or NumPy integer
+                self.py_checks.append(f"if {expr}.__class__ is not _int and {expr}.__class__ is not _int64 "
+                                      f"and {expr}.__class__ is not {exact}: return False")
+            else:  # a 0-d array gives its NumPy scalar
+                self.py_checks.append(f"if {expr}.__class__ is _ndarray: {expr} = {expr}[()]")
+                self.py_checks.append(f"if {expr}.__class__ is not {exact}: return False")
+            self.fields.append((leaf_ids[0], expr, True))
+            return
+        if in_kernel:
+            self.fields.append((leaf_ids[0], expr, False))
+            return
+        # checked in Python by the codec (raises EmulationError on bad input), copied by the kernel
+        check, where = self._name("_check"), self._name("_path")
+        self.objects[check], self.objects[where] = codec.check, path
+        checked = self._name("c")
+        self.py_checks.append(f"{checked} = {check}({expr}, {where})")
+        for j, leaf_id in enumerate(leaf_ids):
+            bits = _BITS_OF.get(self.layout.leaves[leaf_id].dtype)
+            arg = f"{checked}[{j}]"
+            if bits is not None:
+                dtype = self._name("_bits")
+                self.objects[dtype] = bits
+                arg = f"{arg}.view({dtype})"
+            self.fields.append((leaf_id, arg, False))
+
+    def _const(self, key: Any) -> str:
+        if isinstance(key, (str, int, float, bool)) or key is None:
+            return repr(key)
+        name = self._name("_key")
+        self.objects[name] = key
+        return name
+
+    # ------------------------------------------------------------ the compiled half
+
+    def _kernel_types(self) -> list[tuple[int, np.dtype, tuple, bool]]:
+        """(leaf id, dtype as the kernel sees it, shape, is a scalar argument) per kernel argument."""
+        out = []
+        for leaf_id, _, scalar in sorted(self.fields):
+            leaf = self.layout.leaves[leaf_id]
+            dtype = _BITS_OF.get(leaf.dtype, leaf.dtype)
+            out.append((leaf_id, dtype, leaf.shape, scalar))
+        return out
+
+    def signature(self, generic: bool) -> tuple:
+        sig = [types.Array(types.uint8, 2, "C"), types.intp]
+        for leaf_id, dtype, shape, scalar in self._kernel_types():
+            nbtype = numba.from_dtype(dtype)
+            if scalar:
+                leaf = self.layout.leaves[leaf_id]
+                sig.append(types.int64 if leaf.kind == "discrete" else numba.from_dtype(dtype))
+            elif generic:
+                sig.append(types.Array(nbtype, len(shape), "A", readonly=True))
+            else:
+                sig.append(types.Array(nbtype, len(shape), "C"))
+        return tuple(sig)
+
+    def _kernel_lines(self) -> list[str]:
+        kinds = self._kernel_types()
+        args = [f"a{leaf_id}" for leaf_id, *_ in kinds]
+        checks, copies = [], []
+        for leaf_id, dtype, shape, scalar in kinds:
+            leaf = self.layout.leaves[leaf_id]
+            a = f"a{leaf_id}"
+            code = leaf_id + 1
+            if not scalar and shape:
+                checks.append(f"    if {a}.shape != {tuple(shape)!r}:")
+                checks.append(f"        return {code}")
+            checks += self._range_lines(leaf, a, scalar, code)
+            copies += self._copy_lines(leaf, dtype, a, scalar)
+        return ["def _kernel_py(rows, r, " + ", ".join(args) + "):",
+                "    # every check before any write: a refused sample leaves the row as it was",
+                *checks,
+                "    row = rows[r]",
+                *copies,
+                *(f"    row[{start}:{end}] = 0" for start, end in self.layout.gaps),
+                "    return 0"]
+
+    def _range_lines(self, leaf: Any, a: str, scalar: bool, code: int) -> list[str]:
+        if leaf.kind not in CHECKED_IN_KERNEL or leaf.field is not None:
+            return []  # checked by its codec in Python
+        rng = getattr(self._codec_of(leaf), "range", None)
+        if rng is None or not rng.needed:
+            return []
+        dtype = leaf.dtype
+        if scalar:
+            lo, hi = self._name("_lo"), self._name("_hi")
+            self.constants[lo], self.constants[hi] = dtype.type(rng.low[()]), dtype.type(rng.high[()])
+            return [f"    if {a} < {lo} or {a} > {hi}:", f"        return {code}"]
+        if rng.uniform is not None:
+            lo, hi = self._name("_lo"), self._name("_hi")
+            # NumPy scalars of the leaf's dtype: a mixed signed/unsigned comparison would go through float
+            self.constants[lo], self.constants[hi] = dtype.type(rng.uniform[0]), dtype.type(rng.uniform[1])
+            low, high = lo, hi
+            index = None
+        else:
+            lo, hi = self._name("_lo"), self._name("_hi")
+            self.constants[lo], self.constants[hi] = rng.low.copy(), rng.high.copy()
+            index = True
+        loops, idx = _loops(leaf.shape, "    ", a)
+        inner = "    " * (len(leaf.shape) + 1)
+        at = f"[{idx}]" if leaf.shape else "[()]"
+        if index:
+            low, high = f"{lo}{at}", f"{hi}{at}"
+        # no early exit: the loop stays branch-free and vectorizes
+        return ["    bad = False", *loops,
+                f"{inner}x = {a}{at}",
+                f"{inner}bad |= (x < {low}) | (x > {high})",
+                "    if bad:", f"        return {code}"]
+
+    def _copy_lines(self, leaf: Any, dtype: np.dtype, a: str, scalar: bool) -> list[str]:
+        typed = f"row.view(np.{dtype.name})"
+        start = leaf.offset // dtype.itemsize
+        if scalar or not leaf.shape:
+            value = a if scalar else f"{a}[()]"
+            return [f"    {typed}[{start}] = {value}"]
+        dest = self._name("out")
+        loops, idx = _loops(leaf.shape, "    ", a)
+        inner = "    " * (len(leaf.shape) + 1)
+        flat = " + ".join(f"i{k} * {int(np.prod(leaf.shape[k + 1:]))}" for k in range(len(leaf.shape)))
+        return [f"    {dest} = {typed}", *loops, f"{inner}{dest}[{start} + {flat}] = {a}[{idx}]"]
+
+    def _codec_of(self, leaf: Any) -> Any:
+        from packrl.emulation.layout import iter_leaf_nodes
+
+        for _, node in iter_leaf_nodes(self.layout.root):
+            if self.layout.leaves[node.leaf_ids[0]] is leaf:
+                return node.codec
+        raise KeyError(leaf.name)
+
+
+def _loops(shape: tuple, indent: str, a: str) -> tuple[list[str], str]:
+    """Nested ``for`` lines over the shape of ``a`` (already checked to be ``shape``) and the index
+    expression ``i0, i1, ...``. Runtime trip counts: constant ones make LLVM unroll, and compile for seconds."""
+    lines = [f"{indent}{'    ' * k}for i{k} in range({a}.shape[{k}]):" for k in range(len(shape))]
+    return lines, ", ".join(f"i{k}" for k in range(len(shape)))

@@ -1,0 +1,169 @@
+"""The compiled pack writes exactly the bytes of the checked Python path, accepts nothing the
+Python path would refuse, and writes nothing when it refuses."""
+from __future__ import annotations
+
+import gymnasium as gym
+import minigrid  # noqa: F401  (registers the MiniGrid envs)
+import numpy as np
+import pytest
+from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packrl import EmulationError
+from packrl.emulation import Layout, emulate
+from packrl.emulation import compiled as compiled_module
+from packrl.emulation import layout as layout_module
+from spaces_strategies import extreme, nested_spaces, sample as draw
+from test_layout_errors import SPACE, good
+
+
+def python_row(layout: Layout, sample) -> np.ndarray:
+    row = np.zeros(layout.nbytes, np.uint8)
+    layout.bind(row).pack_checked(sample)
+    return row
+
+
+def strided_read_only(value):
+    """The same values in another memory layout: every array leaf strided and read-only."""
+    if isinstance(value, dict):
+        return {k: strided_read_only(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(strided_read_only(v) for v in value)
+    if isinstance(value, np.ndarray) and value.ndim:
+        wide = np.zeros(value.shape[:-1] + (value.shape[-1] * 2,), value.dtype)
+        wide[..., ::2] = value
+        out = wide[..., ::2]
+        out.flags.writeable = False
+        return out
+    return value
+
+
+@settings(max_examples=12)  # each example compiles a kernel (about a second)
+@given(nested_spaces, st.integers(0, 2**31))
+def test_compiled_rows_equal_python_rows_bit_for_bit(space, seed):
+    layout = Layout.from_space(space)
+    rng = np.random.default_rng(seed)
+    space.seed(seed)
+    sample = extreme(space, draw(space, rng), rng)
+    compiled = layout.compiled_pack()
+    assert compiled is not None
+    rows = np.zeros((3, layout.nbytes), np.uint8)
+    assert compiled.pack(sample, rows, 1) is True
+    expected = python_row(layout, sample)
+    assert rows[1].tobytes() == expected.tobytes()
+    assert not rows[0].any() and not rows[2].any()
+    # strided, read-only leaves take the kernel's second signature, with the same bytes
+    assert compiled.pack(strided_read_only(sample), rows, 2) is True
+    assert rows[2].tobytes() == expected.tobytes()
+    # pack_batch over a list goes through the compiled pack too
+    assert layout.pack_batch([sample, sample]).tobytes() == expected.tobytes() * 2
+
+
+BAD = {
+    "Box above its bound": lambda s: s["obs"].__setitem__("level", np.int64(11)),
+    "Discrete below start": lambda s: s["obs"].__setitem__("kind", 1),
+    "Discrete as a float": lambda s: s["obs"].__setitem__("kind", 2.5),
+    "Discrete as a bool": lambda s: s["obs"].__setitem__("kind", True),
+    "Discrete beyond int64": lambda s: s["obs"].__setitem__("kind", 2**70),
+    "MultiBinary 2": lambda s: s["obs"].__setitem__("buttons", np.array([1, 2, 0], np.int8)),
+    "MultiDiscrete out of range": lambda s: s["obs"].__setitem__("choice", np.array([3, 3])),
+    "wrong shape": lambda s: s["obs"].__setitem__("count", np.array([1, 2], np.uint8)),
+    "wrong dtype, lossy": lambda s: s["obs"].__setitem__("count", np.array([1, 2, 300], np.int16)),
+    "float into a float32 leaf, lossy": lambda s: s["obs"].__setitem__("pos", np.array([0.1, 0.2])),
+    "a list for an array": lambda s: s["obs"].__setitem__("count", [1, 2, 3]),
+    "missing key": lambda s: s["obs"].pop("flag"),
+    "extra key": lambda s: s["obs"].__setitem__("extra", 1),
+    "text outside the charset": lambda s: s["obs"].__setitem__("name", "xyz"),
+    "tuple of wrong length": lambda s: s.__setitem__("pair", (1,)),
+    "not a dict": lambda s: s.__setitem__("obs", [1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_compiled_pack_refuses_what_python_refuses_and_writes_nothing(case):
+    layout = Layout.from_space(SPACE)
+    compiled = layout.compiled_pack()
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    assert compiled.pack(good(), rows, 0) is True
+    before = rows.copy()
+    sample = good()
+    BAD[case](sample)
+    accepted = compiled.pack(sample, rows, 0)
+    if accepted:  # only a lossless conversion may be accepted, and then the Python path agrees
+        assert rows.tobytes() == python_row(layout, sample).tobytes()
+    else:
+        assert rows.tobytes() == before.tobytes()
+    try:
+        expected = python_row(layout, sample)
+    except EmulationError as err:
+        assert not accepted
+        with pytest.raises(EmulationError) as again:
+            layout.pack(sample, out=rows[0])  # the public path: compiled first, then the explanation
+        assert str(again.value) == str(err)
+        assert rows.tobytes() == before.tobytes(), "a refused sample must not change the row"
+    else:
+        assert layout.pack(sample, out=rows[0]).tobytes() == expected.tobytes()
+
+
+def test_exact_conversions_still_pass_through_the_python_path():
+    layout = Layout.from_space(SPACE)
+    layout.compiled_pack()
+    sample = good()
+    sample["obs"]["count"] = np.array([1, 2, 255], np.int64)  # another dtype, every value fits
+    assert layout.pack(sample).tobytes() == python_row(layout, good()).tobytes()
+
+
+def test_a_layout_compiles_its_pack_once_it_is_hot(monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", "auto")
+    space = spaces.Dict({"a": spaces.Box(0, 9, (4,), np.int32), "b": spaces.Discrete(3, start=-1)})
+    layout = Layout.from_space(space)
+    row = np.zeros(layout.nbytes, np.uint8)
+    bound = layout.bind(row)
+    for i in range(layout_module.COMPILE_AFTER):
+        assert layout._compiled is None
+        bound.pack({"a": np.full(4, i % 10, np.int32), "b": i % 3 - 1})
+    bound.pack({"a": np.full(4, 7, np.int32), "b": 1})
+    assert layout._compiled, "the layout should have compiled its pack"
+    assert bound._fast is layout._compiled.pack
+    assert layout.unpack(row)["a"].tolist() == [7] * 4 and layout.unpack(row)["b"] == 1
+
+
+def test_never_compiles_when_told_not_to(monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", "never")
+    layout = Layout.from_space(spaces.Box(0, 3, (2,), np.int8))
+    for _ in range(layout_module.COMPILE_AFTER + 5):
+        layout.pack(np.array([1, 2], np.int8))
+    assert layout._compiled is None
+
+
+def test_repeated_dtype_misses_turn_the_compiled_pack_off():
+    space = spaces.Dict({"x": spaces.Box(-1, 1, (3,), np.float32), "tag": spaces.Box(0, 1, (1,), np.int16)})
+    layout = Layout.from_space(space, round_floats=True)
+    compiled = layout.compiled_pack()
+    row = np.zeros(layout.nbytes, np.uint8)
+    for i in range(compiled_module.MAX_MISSES + 2):
+        value = np.array([0.1, -0.3, i / 100])  # float64, rounded into float32 through the Python path
+        layout.pack({"x": value, "tag": np.array([1], np.int16)}, out=row)
+        assert layout.unpack(row)["x"].tolist() == value.astype(np.float32).tolist()
+    assert compiled.module._off
+
+
+def test_minigrid_through_the_compiled_pack_equals_the_raw_env(monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+    raw, env = gym.make("MiniGrid-DoorKey-5x5-v0"), emulate(gym.make("MiniGrid-DoorKey-5x5-v0"))
+    layout = env.emulated.observation
+    obs, _ = env.reset(seed=3)
+    raw_obs, _ = raw.reset(seed=3)
+    rng = np.random.default_rng(3)
+    for t in range(200):
+        native = layout.to_native(layout.unpack(obs[0]))
+        assert native["mission"] == raw_obs["mission"] and native["direction"] == raw_obs["direction"]
+        assert np.array_equal(native["image"], raw_obs["image"])
+        action = int(rng.integers(7))
+        obs, _, terminals, truncations, _ = env.step(np.array([action]))
+        raw_obs, _, terminated, truncated, _ = raw.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset(seed=t)
+            raw_obs, _ = raw.reset(seed=t)
+    assert layout._compiled and env._packer._fast is layout._compiled.pack
