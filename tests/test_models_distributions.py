@@ -52,6 +52,31 @@ def test_mask_respected_over_10k_samples_and_excluded_from_entropy():
     assert dist.mode()[0] == 4
 
 
+@pytest.mark.parametrize("nvec", [(6,), (2, 5, 3)])
+def test_sample_frequencies_match_the_probabilities(nvec):
+    """The sampler (an exponential race) draws each choice with its probability: per-branch counts over
+    200k draws are within 5 standard deviations of n p, and choices of probability 0 (masked, and the
+    padding of narrower branches) are never drawn."""
+    torch.manual_seed(0)
+    spec = ActionSpec(ActionLayout(spaces.MultiDiscrete(nvec)))
+    logits = torch.randn(sum(nvec)) * 2
+    mask = torch.ones(sum(nvec), dtype=torch.bool)
+    mask[1] = False
+    n = 200_000
+    dist = spec.distribution(apply_mask(logits, mask).expand(n, -1))
+    action = dist.sample().reshape(n, len(nvec))
+    first = 0
+    for j, width in enumerate(nvec):
+        branch = logits[first:first + width].masked_fill(~mask[first:first + width], -float("inf"))
+        p = torch.softmax(branch.double(), -1)
+        counts = torch.bincount(action[:, j], minlength=width).double()
+        assert counts.numel() == width, "drew a padding choice"
+        assert counts[p == 0].sum() == 0, "drew a masked choice"
+        sigma = (n * p * (1 - p)).sqrt()
+        assert ((counts - n * p).abs() <= 5 * sigma + 1e-9).all(), (counts, n * p)
+        first += width
+
+
 def test_all_masked_row_is_uniform_not_nan():
     spec = ActionSpec(ActionLayout(spaces.Discrete(4)))
     dist = spec.distribution(apply_mask(torch.randn(3, 4), torch.zeros(3, 4, dtype=torch.bool)))

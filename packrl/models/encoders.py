@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from packrl.emulation.codecs import TextView
@@ -43,6 +44,11 @@ MAX_EMBEDDING = 65536
 
 INT_SCALE_LIMIT = 2**24
 """Integer leaves whose bounds span more than this (counters, full int32/int64 ranges) get symlog."""
+
+FOLD_MIN_ELEMENTS = 1 << 16
+"""A Flat leaf's scaling is folded into the projection weights (see LayoutEncoder.forward) only when the
+batch has at least this many of its elements: below that, the extra weight ops cost more than
+scaling the data (and their backward more still)."""
 
 FINITE_LIMIT = 1e18
 """Bounds of larger magnitude count as infinite when scaling (float32 max is a common stand-in for inf)."""
@@ -301,6 +307,8 @@ class LayoutEncoder(nn.Module):
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
 
+    fold_min_elements = FOLD_MIN_ELEMENTS
+
     def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None):
         super().__init__()
         self.layout, self.hidden = layout, hidden
@@ -332,13 +340,16 @@ class LayoutEncoder(nn.Module):
         self.leaf_encoders = nn.ModuleList(encoders)
         self.concat_size = sum(m.output_size for m in encoders)
         self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), nn.ReLU())
+        self.single = len(encoders) == 1
+        self._linear = (self.project[0],)  # a plain tuple: Sequential indexing costs a microsecond a call
+        self._passthrough: dict = {}  # (dtype, shape) -> whether such input is the Box itself
         root = layout.leaves[0] if len(layout.leaves) == 1 and layout.leaves[0].path == () else None
         self.passthrough_leaf = root if root is not None and root.kind == "box" else None
         self.passthrough_dtype = torch_dtype(root.dtype) if self.passthrough_leaf is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leaf = self.passthrough_leaf
-        if leaf is not None and _is_passthrough(x, leaf, self.passthrough_dtype):
+        if leaf is not None and self._is_passthrough(x):
             batch = tuple(x.shape[: x.ndim - len(leaf.shape)])
             values = [x.reshape((-1,) + leaf.shape)]
         else:
@@ -348,19 +359,36 @@ class LayoutEncoder(nn.Module):
         # least as large as the hidden width, a Flat leaf's affine scaling is folded into its weight
         # columns (W (s x + t) = (W s) x + W t): the data is read once, as in a plain float cast,
         # and the weights keep the scaled parameterization. Small batches scale the data instead.
-        weight, out, first = self.project[0].weight, self.project[0].bias, 0
-        fold = values[0].shape[0] >= self.hidden
+        linear = self._linear[0]
+        weight, out, first = linear.weight, linear.bias, 0
+        rows = values[0].shape[0]
+        fold = rows >= self.hidden
         for module, ids, text in zip(self.leaf_encoders, self.groups, self.text):
             value = TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]]
-            if fold and type(module) is Flat:
+            if fold and type(module) is Flat and value.numel() >= self.fold_min_elements:
                 part = module.raw(value)
                 w = weight[:, first:first + part.shape[-1]]
                 out = torch.addmm(out + w @ module.shift, part, (w * module.scale).T)
+            elif self.single:  # one sub-encoder reads the whole projection: no weight slice
+                part = module.forward(value) if type(module) is Flat else module(value)
+                out = F.linear(part, weight, out)
+                continue
             else:
                 part = module(value)
                 out = torch.addmm(out, part, weight[:, first:first + part.shape[-1]].T)
             first += part.shape[-1]
-        return self.project[1](out).reshape(batch + (self.hidden,))
+        out = torch.relu(out)  # self.project[1], without a module call per step
+        return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
+
+
+    def _is_passthrough(self, x: torch.Tensor) -> bool:
+        if torch.compiler.is_compiling():  # traced once per shape anyway; no dict for Dynamo to guard on
+            return _is_passthrough(x, self.passthrough_leaf, self.passthrough_dtype)
+        key = (x.dtype, x.shape)
+        known = self._passthrough.get(key)
+        if known is None:
+            known = self._passthrough[key] = _is_passthrough(x, self.passthrough_leaf, self.passthrough_dtype)
+        return known
 
 
 def _is_passthrough(x: torch.Tensor, leaf: Leaf, dtype: torch.dtype) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
@@ -46,6 +47,8 @@ class ActionHead(nn.Module):
         return self.spec.logits_size
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.spec.num_continuous == 0:  # discrete only (the common case): one linear, then the mask
+            return apply_mask(F.linear(hidden, self.discrete.weight, self.discrete.bias), mask)
         parts = []
         if self.discrete is not None:
             parts.append(apply_mask(self.discrete(hidden), mask))
@@ -65,7 +68,7 @@ class ValueHead(nn.Module):
         self.linear = layer_init(nn.Linear(hidden, 1), std=1.0)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden).squeeze(-1)
+        return F.linear(hidden, self.linear.weight, self.linear.bias).squeeze(-1)
 
 
 class Decoder(nn.Module):

@@ -73,10 +73,11 @@ class EpisodeTracker:
     def step(self, rewards: np.ndarray, ended: np.ndarray, acted: np.ndarray) -> None:
         self.returns += rewards
         self.lengths += acted
-        for row in np.flatnonzero(ended):
-            self.finished.append((float(self.returns[row]), int(self.lengths[row])))
-        self.returns[ended] = 0.0
-        self.lengths[ended] = 0
+        if ended.any():
+            for row in np.flatnonzero(ended):
+                self.finished.append((float(self.returns[row]), int(self.lengths[row])))
+            self.returns[ended] = 0.0
+            self.lengths[ended] = 0
 
     def pop(self) -> list[tuple[float, int]]:
         done, self.finished = self.finished, []
@@ -111,9 +112,10 @@ class PPO:
         self.episodes = EpisodeTracker(self.num_rows)
         self._allocate_storage()
         obs, _ = vecenv.reset(seed=cfg.seed + self.rank * getattr(vecenv, "num_envs", self.num_rows))
-        self.next_obs = self._put(torch.empty_like(self.obs[0]), obs, "obs")
-        self.next_mask = self._put(torch.empty_like(self.masks[0]), vecenv.masks, "mask")
-        self.next_start = torch.ones(self.num_rows, dtype=torch.bool, device=self.device)
+        T = cfg.num_steps  # the slot after the rollout holds what the next step starts from
+        self._put(T, "obs", obs)
+        self._put(T, "mask", vecenv.masks)
+        self._slots["start"][T] = True
         self.state = policy.initial_state(self.num_rows, self.device)
 
     # ------------------------------------------------------------------ storage
@@ -121,45 +123,59 @@ class PPO:
     def _allocate_storage(self) -> None:
         T, N, dev = self.config.num_steps, self.num_rows, self.device
         row = self.env.observations
-        self.obs = torch.zeros((T, N, *row.shape[1:]), dtype=torch_dtype(row.dtype), device=dev)
+        # Observations, masks and episode starts get T + 1 slots: each env step writes straight into
+        # the slot of the step that reads it, and slot T (what follows the rollout) moves to slot 0
+        # when the next rollout begins. ``obs``, ``masks`` and ``starts`` are the first T slots.
+        self._slots = {
+            "obs": torch.zeros((T + 1, N, *row.shape[1:]), dtype=torch_dtype(row.dtype), device=dev),
+            "mask": torch.zeros((T + 1, N), dtype=torch.bool, device=dev),
+            "start": torch.zeros((T + 1, N), dtype=torch.bool, device=dev),  # first step of an episode: reset state
+            "reward": torch.zeros((T, N), device=dev),
+            "terminal": torch.zeros((T, N), dtype=torch.bool, device=dev),
+            "truncation": torch.zeros((T, N), dtype=torch.bool, device=dev),
+        }
+        self.obs, self.masks, self.starts = (self._slots[k][:T] for k in ("obs", "mask", "start"))
+        self.rewards, self.terminals, self.truncations = (self._slots[k] for k in ("reward", "terminal", "truncation"))
         self.actions: Any = None  # allocated on the first step, from the decoder's action form
         self.logprobs = torch.zeros((T, N), device=dev)
         self.values = torch.zeros((T, N), device=dev)
         self.final_values = torch.zeros((T, N), device=dev)
-        self.rewards = torch.zeros((T, N), device=dev)
-        self.terminals = torch.zeros((T, N), dtype=torch.bool, device=dev)
-        self.truncations = torch.zeros((T, N), dtype=torch.bool, device=dev)
-        self.masks = torch.zeros((T, N), dtype=torch.bool, device=dev)
-        self.starts = torch.zeros((T, N), dtype=torch.bool, device=dev)  # first step of an episode: reset state
         self.segment_states: list = []  # recurrent state at the start of each bptt segment
-        # Pinned host staging so host -> GPU copies overlap with the policy (no-ops on CPU).
-        pin = dev.type == "cuda"
-        self._host = {
-            "obs": torch.zeros(row.shape, dtype=torch_dtype(row.dtype), pin_memory=pin),
-            "mask": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
-            "reward": torch.zeros(N, dtype=torch.float32, pin_memory=pin),
-            "terminal": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
-            "truncation": torch.zeros(N, dtype=torch.bool, pin_memory=pin),
-        }
+        # Per-step views, made once: indexing a tensor costs about as much as the small copies themselves.
+        self._step_views = [(self._slots["obs"][t], self._slots["start"][t], self.logprobs[t], self.values[t])
+                            for t in range(T)]
+        self._action_views: list = []
+        if dev.type == "cpu":
+            # On CPU the env's arrays are written through numpy views of the storage (a numpy copy of a
+            # few rows costs a fraction of a torch copy_).
+            self._numpy = {k: v.numpy() for k, v in self._slots.items()}
+        else:
+            # Pinned host staging so host -> GPU copies overlap with the policy.
+            self._numpy = None
+            self._host = {k: torch.zeros(v.shape[1:], dtype=v.dtype, pin_memory=True) for k, v in self._slots.items()}
 
-    def _put(self, dst: torch.Tensor, array: np.ndarray, name: str) -> torch.Tensor:
-        """Copy env arrays into device storage. On CUDA through a pinned buffer with a non-blocking copy:
-        the buffer is rewritten only on the next step, after ``to_numpy`` has synchronised the stream."""
-        src = torch.from_numpy(np.asarray(array))
-        if self.device.type == "cuda":
-            src = self._host[name].copy_(src)
-        return dst.copy_(src, non_blocking=True)
+    def _put(self, t: int, name: str, array: np.ndarray) -> None:
+        """Write an env array into slot ``t`` of storage ``name``. On CUDA through a pinned buffer with a
+        non-blocking copy: the buffer is rewritten only on the next step, after ``to_numpy`` has
+        synchronised the stream."""
+        if self._numpy is not None:
+            self._numpy[name][t] = array
+        else:
+            self._slots[name][t].copy_(self._host[name].copy_(torch.from_numpy(np.asarray(array))), non_blocking=True)
 
     def _store_actions(self, t: int, action: Any) -> None:
         if self.actions is None:
             T = self.config.num_steps
             alloc = lambda a: torch.zeros((T, *a.shape), dtype=a.dtype, device=self.device)  # noqa: E731
             self.actions = {k: alloc(v) for k, v in action.items()} if isinstance(action, dict) else alloc(action)
+            self._action_views = [{k: v[i] for k, v in self.actions.items()} if isinstance(self.actions, dict)
+                                  else self.actions[i] for i in range(T)]
+        view = self._action_views[t]
         if isinstance(action, dict):
             for k, v in action.items():
-                self.actions[k][t] = v
+                view[k].copy_(v)
         else:
-            self.actions[t] = action
+            view.copy_(action)
 
     # ------------------------------------------------------------------ rollout
 
@@ -169,39 +185,47 @@ class PPO:
     @torch.no_grad()
     def collect(self) -> dict[str, float]:
         """Fill storage with ``num_steps`` steps of every row."""
-        cfg, env, decoder = self.config, self.env, self.policy.decoder
+        cfg, env, decoder, T = self.config, self.env, self.policy.decoder, self.config.num_steps
         start_time = time.perf_counter()
+        for slots in (self._slots["obs"], self._slots["mask"], self._slots["start"]):
+            slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
         self.segment_states = []
-        acted = 0
-        for t in range(cfg.num_steps):
-            if t % self.horizon == 0:
+        recurrent, autocast = self.recurrent, self.config.bf16
+        numpy_masks = self._numpy["mask"] if self._numpy is not None else None
+        for t in range(T):
+            obs_t, start_t, logprob_t, value_t = self._step_views[t]
+            if recurrent and t % self.horizon == 0:
                 self.segment_states.append(tuple(s.clone() for s in self.state))
-            self.obs[t], self.masks[t], self.starts[t] = self.next_obs, self.next_mask, self.next_start
-            with self._autocast():
-                logits, value, self.state = self.forward_eval(self.next_obs, self.state, self.next_start)
+            if autocast:
+                with self._autocast():
+                    logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
+            else:
+                logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
             dist_ = decoder.distribution(logits.float())
             action = dist_.sample()
-            self.logprobs[t] = dist_.log_prob(action)
-            self.values[t] = value.float().reshape(-1)
+            logprob_t.copy_(dist_.log_prob(action))
+            value_t.copy_(value.reshape(-1))
             self._store_actions(t, action)
 
-            acting = env.masks.copy()  # the rows that acted on this step's observation
+            # the rows that acted on this step's observation
+            acting = numpy_masks[t] if numpy_masks is not None else env.masks.copy()
             obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
-            self._put(self.rewards[t], rewards, "reward")
-            self._put(self.terminals[t], terminals, "terminal")
-            self._put(self.truncations[t], truncations, "truncation")
-            ended = np.asarray(terminals) | np.asarray(truncations)
-            self.episodes.step(np.asarray(rewards, np.float64), ended, acting)
-            acted += int(acting.sum())
-            if (truncated := np.flatnonzero(np.asarray(truncations) & ~np.asarray(terminals))).size:
+            terminals, truncations = np.asarray(terminals), np.asarray(truncations)
+            self._put(t, "reward", rewards)
+            self._put(t, "terminal", terminals)
+            self._put(t, "truncation", truncations)
+            ended = np.logical_or(terminals, truncations)
+            self.episodes.step(rewards, ended, acting)
+            if truncations.any() and (truncated := np.flatnonzero(truncations & ~terminals)).size:
                 self.final_values[t] = 0.0
                 self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
-            self._put(self.next_obs, obs, "obs")
-            self._put(self.next_mask, env.masks, "mask")
-            self.next_start = torch.from_numpy(ended).to(self.device)
+            self._put(t + 1, "obs", obs)
+            self._put(t + 1, "mask", env.masks)
+            self._put(t + 1, "start", ended)
         with self._autocast():
-            _, next_value, _ = self.forward_eval(self.next_obs, self.state, self.next_start)
+            _, next_value, _ = self.forward_eval(self._slots["obs"][T], self.state, self._slots["start"][T])
         self.next_value = next_value.float().reshape(-1)
+        acted = int(self.masks.sum())
         acted = _all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
@@ -246,8 +270,13 @@ class PPO:
         num_segments = b_obs.shape[0]
         minibatch = max(num_segments // cfg.num_minibatches, 1)
 
+        # With no masked row in the rollout (single-agent envs), masked means are plain means: one host
+        # sync here saves a where and a division in every mean of every minibatch.
+        all_acting = bool(self.masks.all())
         # Statistics stay tensors until the end: one host sync per update, not one per minibatch.
-        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac")}
+        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy")}
+        kl_parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logratio, mask) of each minibatch
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         for epoch in range(cfg.update_epochs):
             if cfg.vtrace and epoch > 0:
                 advantages, returns = self.advantages(self._current_ratios(b_obs, b_states, b_starts, b_actions, b_logprobs))
@@ -256,8 +285,11 @@ class PPO:
             for first in range(0, num_segments, minibatch):
                 mb = order[first:first + minibatch]
                 mask = b_masks[mb]
-                count = mask.sum().clamp(min=1).float()
-                masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
+                if all_acting:
+                    masked_mean = torch.mean
+                else:
+                    count = mask.sum().clamp(min=1).float()
+                    masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
 
                 with self._autocast():
                     logits, newvalue, _ = self.forward(b_obs[mb], tuple(s[mb] for s in b_states), b_starts[mb])
@@ -265,18 +297,21 @@ class PPO:
                 newlogprob = dist_.log_prob(_index(b_actions, mb))
                 entropy = dist_.entropy()
                 newvalue = newvalue.float().reshape(mask.shape)
-                logratio = torch.where(mask, newlogprob - b_logprobs[mb], 0.0)
+                logratio = newlogprob - b_logprobs[mb]
+                if not all_acting:
+                    logratio = torch.where(mask, logratio, 0.0)
                 ratio = logratio.exp()
-
-                with torch.no_grad():
-                    stats["old_approx_kl"].append(masked_mean(-logratio))
-                    stats["approx_kl"].append(masked_mean((ratio - 1) - logratio))
-                    stats["clipfrac"].append(masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()))
+                kl_parts.append((logratio.detach(), mask))
 
                 mb_advantages = b_advantages[mb]
                 if cfg.norm_adv:
-                    mean = masked_mean(mb_advantages)
-                    std = (masked_mean((mb_advantages - mean) ** 2) * count / (count - 1).clamp(min=1.0)).sqrt()
+                    if all_acting:
+                        # unbiased, as the masked form; one element has std 0 there (torch.std gives NaN)
+                        mean = mb_advantages.mean()
+                        std = mb_advantages.std() if mb_advantages.numel() > 1 else torch.zeros_like(mean)
+                    else:
+                        mean = masked_mean(mb_advantages)
+                        std = (masked_mean((mb_advantages - mean) ** 2) * count / (count - 1).clamp(min=1.0)).sqrt()
                     mb_advantages = (mb_advantages - mean) / (std + 1e-8)
 
                 # Policy loss
@@ -296,20 +331,22 @@ class PPO:
                 entropy_loss = masked_mean(entropy)
                 loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
 
-                self.optimizer.zero_grad(set_to_none=False)
+                self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.world > 1:
                     _average_gradients(self.policy)
-                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
+                _clip_grad_norm(params, cfg.max_grad_norm)
                 self.optimizer.step()
                 stats["pg_loss"].append(pg_loss.detach())
                 stats["v_loss"].append(v_loss.detach())
                 stats["entropy"].append(entropy_loss.detach())
 
-            if cfg.target_kl is not None and torch.stack(stats["approx_kl"]).mean().item() > cfg.target_kl:
+            if cfg.target_kl is not None and _kl_statistics(kl_parts, cfg.clip_coef)["approx_kl"].item() > cfg.target_kl:
                 break
 
-        out = {k: torch.stack(v).mean().item() for k, v in stats.items()}
+        out = {k: torch.stack(v).mean() for k, v in stats.items()}
+        out.update(_kl_statistics(kl_parts, cfg.clip_coef))
+        out = {k: v.item() for k, v in out.items()}
         out["explained_variance"] = _explained_variance(self.values, returns, self.masks)
         out["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         out["update_seconds"] = time.perf_counter() - start_time
@@ -363,6 +400,39 @@ def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr, eps=1e-5, fused=True)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(params, lr=lr, eps=1e-5)
+
+
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """``nn.utils.clip_grad_norm_`` (same norm, same 1e-6, same clamp at 1) for parameters that share one
+    device and dtype, without its per-call grouping of tensors (which costs more than the clipping of
+    a small network)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    if len({(g.device, g.dtype) for g in grads}) > 1:
+        nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+
+
+def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor]], clip_coef: float) -> dict[str, torch.Tensor]:
+    """Means over minibatches of the per-minibatch (masked) ``old_approx_kl``, ``approx_kl`` and ``clipfrac``
+    from each minibatch's (logratio, mask). Minibatches of one shape are reduced together, in a few ops."""
+    if len({p[0].shape for p in parts}) == 1:
+        groups = [(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))]
+    else:
+        groups = [(p[0][None], p[1][None]) for p in parts]
+    per: dict[str, list] = {"old_approx_kl": [], "approx_kl": [], "clipfrac": []}
+    for logratio, mask in groups:
+        dims = tuple(range(1, logratio.ndim))
+        count = mask.sum(dims).clamp(min=1)
+        mean = lambda x: torch.where(mask, x, 0.0).sum(dims) / count  # noqa: E731 - per minibatch
+        ratio = logratio.exp()
+        per["old_approx_kl"].append(mean(-logratio))
+        per["approx_kl"].append(mean((ratio - 1) - logratio))
+        per["clipfrac"].append(mean(((ratio - 1.0).abs() > clip_coef).float()))
+    return {k: torch.cat(v).mean() for k, v in per.items()}
 
 
 def _index(actions: Any, idx: torch.Tensor) -> Any:
