@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.layout import DictNode, Layout, LeafNode, TupleNode
-from packrl.emulation.values import exact_array, format_path, refuse_outside
+from packrl.emulation.values import _any_outside, exact_array, format_path, refuse_outside
 from packrl.errors import EmulationError
 
 MAX_BRANCH = 2**24
@@ -193,8 +193,8 @@ class ActionLayout:
         ``who`` may hold ``{}``, filled with the position of a bad choice."""
         part = self.discrete_parts[0]
         arr = exact_array(choices, np.dtype(np.int64), (len(choices),), ())
-        bad = (arr < 0) | (arr >= int(part.nvec))
-        if bad.any():
+        if arr.size and _any_outside(arr, 0, int(part.nvec) - 1):  # one compiled pass
+            bad = (arr < 0) | (arr >= int(part.nvec))
             k = int(np.flatnonzero(bad)[0])
             raise EmulationError(f"action {arr[k]} is not a valid choice in [0, {int(part.nvec)}){who.format(k)}")
         return list((arr + int(part.start)).astype(part.dtype))

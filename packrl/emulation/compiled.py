@@ -43,7 +43,8 @@ _BITS_OF = {np.dtype(np.float16): np.dtype(np.uint16)}
 class CompiledPack:
     """The generated pack of one Layout. ``pack(sample, rows, r)`` writes ``sample`` into
     ``rows[r]`` (``rows``: C-contiguous ``(N, nbytes)`` uint8) and returns True, or returns
-    False having written nothing."""
+    False having written nothing. ``pack_many(samples, rows, first)`` packs a list into
+    ``rows[first:]`` and returns how many it packed before the first refusal."""
 
     def __init__(self, layout: "Layout"):
         source = _Source(layout)
@@ -56,13 +57,16 @@ class CompiledPack:
         if not getattr(module, "_ready", False):
             for name, value in {**source.constants, **source.objects}.items():
                 setattr(module, name, value)
-            module._kernel = numba.njit(cache=True, nogil=True, _nrt=False)(module._kernel_py)
+            jit = numba.njit(cache=True, nogil=True, _nrt=False)
+            module._kernel = jit(module._kernel_c_py)
             module._kernel.compile(source.signature(generic=False))
             module._kernel.disable_compile()
+            module._kernel_any = jit(module._kernel_a_py)
             module._retry_generic = _generic_retry(module, source.signature(generic=True))
             module._ready = True
         self.module = module
         self.pack: Callable[[Any, np.ndarray, int], bool] = module.pack
+        self.pack_many: Callable[[list, np.ndarray, int], int] = module.pack_many
 
 
 MAX_MISSES = 16
@@ -77,7 +81,7 @@ def _generic_retry(module: Any, signature: tuple) -> Callable[..., bool]:
     state = {"compiled": False, "misses": 0}
 
     def retry(*args: Any) -> bool:
-        kernel = module._kernel
+        kernel = module._kernel_any
         if not state["compiled"]:
             state["compiled"] = True
             kernel.disable_compile(False)
@@ -106,6 +110,7 @@ class _Source:
         self.py_lines: list[str] = []
         self.py_checks: list[str] = []
         self.counter = 0
+        self._bound_names: dict[int, tuple | None] = {}
 
     # ------------------------------------------------------------ the Python half
 
@@ -141,7 +146,32 @@ class _Source:
             "    return code == 0",
             "",
             "",
-            *self._kernel_lines(),
+            "def pack_many(samples, rows, first):",
+            '    """Pack samples[i] into rows[first + i]; return how many were packed before one was refused."""',
+            "    if _off:",
+            "        return 0",
+            "    i = 0",
+            "    for s in samples:",
+            "        r = first + i",
+            "        try:",
+            *("            " + line.replace("return False", "return i") for line in self.py_lines or ["pass"]),
+            *("            " + line.replace("return False", "return i") for line in self.py_checks),
+            "        except Exception:",
+            "            return i",
+            "        try:",
+            f"            code = _kernel(rows, r, {args})",
+            "        except (TypeError, ValueError, OverflowError):",
+            f"            code = 0 if _retry_generic(rows, r, {args}) else 1",
+            "        if code:",
+            "            return i",
+            "        i += 1",
+            "    return i",
+            "",
+            "",
+            *self._kernel_lines(contiguous=True),
+            "",
+            "",
+            *self._kernel_lines(contiguous=False),
         ]
         return "\n".join(lines) + "\n"
 
@@ -234,7 +264,9 @@ class _Source:
                 sig.append(types.Array(nbtype, len(shape), "C"))
         return tuple(sig)
 
-    def _kernel_lines(self) -> list[str]:
+    def _kernel_lines(self, contiguous: bool) -> list[str]:
+        """``_kernel_c_py`` for C-contiguous leaves (flat loops and slice copies, which vectorize),
+        or ``_kernel_a_py`` for leaves in any memory layout (nested loops)."""
         kinds = self._kernel_types()
         args = [f"a{leaf_id}" for leaf_id, *_ in kinds]
         checks, copies = [], []
@@ -245,9 +277,10 @@ class _Source:
             if not scalar and shape:
                 checks.append(f"    if {a}.shape != {tuple(shape)!r}:")
                 checks.append(f"        return {code}")
-            checks += self._range_lines(leaf, a, scalar, code)
-            copies += self._copy_lines(leaf, dtype, a, scalar)
-        return ["def _kernel_py(rows, r, " + ", ".join(args) + "):",
+            checks += self._range_lines(leaf_id, a, scalar, code, contiguous)
+            copies += self._copy_lines(leaf, dtype, a, scalar, contiguous)
+        name = "_kernel_c_py" if contiguous else "_kernel_a_py"
+        return [f"def {name}(rows, r, " + ", ".join(args) + "):",
                 "    # every check before any write: a refused sample leaves the row as it was",
                 *checks,
                 "    row = rows[r]",
@@ -255,49 +288,65 @@ class _Source:
                 *(f"    row[{start}:{end}] = 0" for start, end in self.layout.gaps),
                 "    return 0"]
 
-    def _range_lines(self, leaf: Any, a: str, scalar: bool, code: int) -> list[str]:
-        if leaf.kind not in CHECKED_IN_KERNEL or leaf.field is not None:
-            return []  # checked by its codec in Python
-        rng = getattr(self._codec_of(leaf), "range", None)
-        if rng is None or not rng.needed:
+    def _bounds(self, leaf_id: int) -> tuple[str, str, bool] | None:
+        """Names of the module constants bounding a leaf, and whether they are flat arrays (else scalars)."""
+        if leaf_id in self._bound_names:
+            return self._bound_names[leaf_id]
+        leaf = self.layout.leaves[leaf_id]
+        rng = getattr(self._codec_of(leaf), "range", None) if leaf.field is None else None
+        found = None
+        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.needed:
+            lo, hi = self._name("_lo"), self._name("_hi")
+            dtype = leaf.dtype
+            if leaf.shape == () or rng.uniform is not None:
+                low, high = (rng.low[()], rng.high[()]) if leaf.shape == () else rng.uniform
+                # NumPy scalars of the leaf's dtype: a mixed signed/unsigned comparison would go through float
+                self.constants[lo], self.constants[hi] = dtype.type(low), dtype.type(high)
+                found = (lo, hi, False)
+            else:
+                self.constants[lo], self.constants[hi] = rng.low.reshape(-1).copy(), rng.high.reshape(-1).copy()
+                found = (lo, hi, True)
+        self._bound_names[leaf_id] = found
+        return found
+
+    def _range_lines(self, leaf_id: int, a: str, scalar: bool, code: int, contiguous: bool) -> list[str]:
+        bounds = self._bounds(leaf_id)
+        if bounds is None:
             return []
-        dtype = leaf.dtype
+        lo, hi, elementwise = bounds
+        shape = self.layout.leaves[leaf_id].shape
         if scalar:
-            lo, hi = self._name("_lo"), self._name("_hi")
-            self.constants[lo], self.constants[hi] = dtype.type(rng.low[()]), dtype.type(rng.high[()])
             return [f"    if {a} < {lo} or {a} > {hi}:", f"        return {code}"]
-        if rng.uniform is not None:
-            lo, hi = self._name("_lo"), self._name("_hi")
-            # NumPy scalars of the leaf's dtype: a mixed signed/unsigned comparison would go through float
-            self.constants[lo], self.constants[hi] = dtype.type(rng.uniform[0]), dtype.type(rng.uniform[1])
-            low, high = lo, hi
-            index = None
+        if contiguous or not shape:
+            flat = f"{a}.reshape(-1)" if shape else f"{a}.reshape(1)"
+            loops, at, inner = [f"    flat = {flat}", "    for k in range(flat.size):"], "k", "        "
+            value = "flat[k]"
         else:
-            lo, hi = self._name("_lo"), self._name("_hi")
-            self.constants[lo], self.constants[hi] = rng.low.copy(), rng.high.copy()
-            index = True
-        loops, idx = _loops(leaf.shape, "    ", a)
-        inner = "    " * (len(leaf.shape) + 1)
-        at = f"[{idx}]" if leaf.shape else "[()]"
-        if index:
-            low, high = f"{lo}{at}", f"{hi}{at}"
+            loops, idx = _loops(shape, "    ", a)
+            inner = "    " * (len(shape) + 1)
+            at = _flat_index(shape)
+            value = f"{a}[{idx}]"
+        low, high = (f"{lo}[{at}]", f"{hi}[{at}]") if elementwise else (lo, hi)
         # no early exit: the loop stays branch-free and vectorizes
         return ["    bad = False", *loops,
-                f"{inner}x = {a}{at}",
+                f"{inner}x = {value}",
                 f"{inner}bad |= (x < {low}) | (x > {high})",
                 "    if bad:", f"        return {code}"]
 
-    def _copy_lines(self, leaf: Any, dtype: np.dtype, a: str, scalar: bool) -> list[str]:
+    def _copy_lines(self, leaf: Any, dtype: np.dtype, a: str, scalar: bool, contiguous: bool) -> list[str]:
         typed = f"row.view(np.{dtype.name})"
         start = leaf.offset // dtype.itemsize
         if scalar or not leaf.shape:
             value = a if scalar else f"{a}[()]"
             return [f"    {typed}[{start}] = {value}"]
+        size = int(np.prod(leaf.shape))
         dest = self._name("out")
+        if contiguous:  # a flat loop, not a slice assignment: that one may allocate a temporary
+            return [f"    {dest} = {typed}", f"    flat = {a}.reshape(-1)", f"    for k in range({size}):",
+                    f"        {dest}[{start} + k] = flat[k]"]
         loops, idx = _loops(leaf.shape, "    ", a)
         inner = "    " * (len(leaf.shape) + 1)
-        flat = " + ".join(f"i{k} * {int(np.prod(leaf.shape[k + 1:]))}" for k in range(len(leaf.shape)))
-        return [f"    {dest} = {typed}", *loops, f"{inner}{dest}[{start} + {flat}] = {a}[{idx}]"]
+        return [f"    {dest} = {typed}", *loops, f"{inner}{dest}[{start} + {_flat_index(leaf.shape)}] = {a}[{idx}]"]
 
     def _codec_of(self, leaf: Any) -> Any:
         from packrl.emulation.layout import iter_leaf_nodes
@@ -306,6 +355,11 @@ class _Source:
             if self.layout.leaves[node.leaf_ids[0]] is leaf:
                 return node.codec
         raise KeyError(leaf.name)
+
+
+def _flat_index(shape: tuple) -> str:
+    """The C-order flat index of ``i0, i1, ...`` in an array of ``shape``."""
+    return " + ".join(f"i{k} * {int(np.prod(shape[k + 1:]))}" for k in range(len(shape)))
 
 
 def _loops(shape: tuple, indent: str, a: str) -> tuple[list[str], str]:

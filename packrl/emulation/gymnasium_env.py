@@ -11,6 +11,7 @@ from packrl.emulation.emulated import Emulated, group_agents
 from packrl.errors import EmulationError
 
 AGENT = "agent_0"
+_INT64 = np.dtype(np.int64)
 
 
 class GymnasiumEmulation:
@@ -49,6 +50,10 @@ class GymnasiumEmulation:
         self.masks = np.ones(1, dtype=bool)
         self._codec = layout.root.codec if self.passthrough else None
         self._packer = None if self.passthrough else layout.bind(self.observations[0])
+        action = self.emulated.action
+        part = action.discrete_parts[0] if action.kind == "discrete" else None
+        # (n, start, dtype) of a Discrete action space: the commonest action decoded without a call
+        self._choice = None if part is None else (int(part.nvec), int(part.start), part.dtype.type)
 
     def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
                     terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
@@ -72,9 +77,17 @@ class GymnasiumEmulation:
         return self.observations, info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
+        choice = self._choice
+        if (choice is not None and actions.__class__ is np.ndarray and actions.dtype is _INT64
+                and actions.size == 1 and 0 <= (c := actions.item()) < choice[0]):
+            native = choice[2](c + choice[1])
+        else:
+            native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
-        self._write(obs)
+        if self._packer is not None:
+            self._packer.pack(obs)
+        else:
+            self._write(obs)
         self.rewards[0] = reward
         self.terminals[0], self.truncations[0] = terminated, truncated
         if terminated or truncated:
@@ -112,8 +125,9 @@ class GymnasiumEmulation:
             rows["observations"][:] = first._codec.check(np.stack(observations), (), (len(envs),))[0]
         else:
             first.emulated.observation.pack_batch(list(observations), out=rows["observations"])
-        ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
-        rows["final_observations"][ended] = rows["observations"][ended]
+        if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
+            ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
+            rows["final_observations"][ended] = rows["observations"][ended]
         return list(infos)
 
     def _write(self, obs: Any) -> None:

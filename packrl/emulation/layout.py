@@ -198,13 +198,8 @@ class Layout:
         if listed and n:
             for start, end in self.gaps:
                 out[:, start:end] = 0
-            fast = self._hot(n)
-            if fast is not None and out.flags.c_contiguous:
-                for i, sample in enumerate(samples):
-                    if not fast(sample, out, i):
-                        break
-                else:
-                    return out
+            if self._hot(n) is not None and out.flags.c_contiguous and self._compiled.pack_many(samples, out, 0) == n:
+                return out
         views = self._views(out)
         if listed:
             self._write_samples(self.root, samples, views, ())
