@@ -64,7 +64,9 @@ def test_sample_frequencies_match_the_probabilities(nvec):
     mask[1] = False
     n = 200_000
     dist = spec.distribution(apply_mask(logits, mask).expand(n, -1))
-    action = dist.sample().reshape(n, len(nvec))
+    action, log_prob = dist.sample_with_log_prob()
+    torch.testing.assert_close(log_prob, dist.log_prob(action))
+    action = action.reshape(n, len(nvec))
     first = 0
     for j, width in enumerate(nvec):
         branch = logits[first:first + width].masked_fill(~mask[first:first + width], -float("inf"))
@@ -150,6 +152,8 @@ def test_hybrid_log_prob_and_entropy_are_sums_of_parts():
     cont = ActionSpec(ActionLayout(spaces.Box(-1, 1, (2,), np.float32))).distribution(logits[:, d:])
     torch.testing.assert_close(dist.log_prob(action), disc.log_prob(action["discrete"]) + cont.log_prob(action["continuous"]))
     torch.testing.assert_close(dist.entropy(), disc.entropy() + cont.entropy())
+    drawn, log_prob = dist.sample_with_log_prob()  # the rollout's form: the log-prob of the drawn action
+    torch.testing.assert_close(log_prob, dist.log_prob(drawn))
     native = layout.decode({k: v[0] for k, v in spec.to_numpy(action).items()})
     assert space.contains(native)
 

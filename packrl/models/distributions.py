@@ -68,9 +68,16 @@ class MultiCategorical:
         # small batches of a rollout. E is kept >= the smallest normal float so -log E stays finite
         # (<= 87.4): a choice of probability 0 (log p = -inf for padding, about -3.4e38 for masked logits)
         # can never win over one of positive probability.
+        return self.sample_with_log_prob()[0]
+
+    def sample_with_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob(action))`` of one draw, sharing the gather index (the rollout's form)."""
         race = torch.empty_like(self.log_probs).exponential_().clamp_(min=torch.finfo(self.log_probs.dtype).tiny)
-        choice = (self.log_probs - race.log_()).argmax(-1)
-        return choice[..., 0] if self.scalar else choice
+        choice = (self.log_probs - race.log_()).argmax(-1, keepdim=True)  # (..., k, 1)
+        log_prob = self.log_probs.gather(-1, choice)
+        if self.scalar:
+            return choice.reshape(self.batch), log_prob.reshape(self.batch)
+        return choice.squeeze(-1), log_prob.squeeze(-1).sum(-1)
 
     def mode(self) -> torch.Tensor:
         choice = self.log_probs.argmax(-1)
@@ -118,6 +125,10 @@ class SquashedNormal:
     def sample(self) -> torch.Tensor:
         u = self.mean + self.std * torch.randn_like(self.mean)
         return self.bounds.squash(u)
+
+    def sample_with_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
+        action = self.sample()
+        return action, self.log_prob(action)
 
     def mode(self) -> torch.Tensor:
         return self.bounds.squash(self.mean)
@@ -204,6 +215,11 @@ class Hybrid:
 
     def sample(self) -> dict[str, torch.Tensor]:
         return {"discrete": self.discrete.sample(), "continuous": self.continuous.sample()}
+
+    def sample_with_log_prob(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        discrete, log_prob = self.discrete.sample_with_log_prob()
+        continuous, continuous_log_prob = self.continuous.sample_with_log_prob()
+        return {"discrete": discrete, "continuous": continuous}, log_prob + continuous_log_prob
 
     def mode(self) -> dict[str, torch.Tensor]:
         return {"discrete": self.discrete.mode(), "continuous": self.continuous.mode()}

@@ -202,8 +202,12 @@ class PPO:
             else:
                 logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
             dist_ = decoder.distribution(logits.float())
-            action = dist_.sample()
-            logprob_t.copy_(dist_.log_prob(action))
+            if hasattr(dist_, "sample_with_log_prob"):
+                action, logprob = dist_.sample_with_log_prob()
+            else:  # a user decoder's own distribution
+                action = dist_.sample()
+                logprob = dist_.log_prob(action)
+            logprob_t.copy_(logprob)
             value_t.copy_(value.reshape(-1))
             self._store_actions(t, action)
 
@@ -284,21 +288,26 @@ class PPO:
             order = torch.randperm(num_segments, device=self.device)
             for first in range(0, num_segments, minibatch):
                 mb = order[first:first + minibatch]
-                mask = b_masks[mb]
                 if all_acting:
-                    masked_mean = torch.mean
+                    mask, masked_mean = None, torch.mean
                 else:
+                    mask = b_masks[mb]
                     count = mask.sum().clamp(min=1).float()
                     masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
 
-                with self._autocast():
-                    logits, newvalue, _ = self.forward(b_obs[mb], tuple(s[mb] for s in b_states), b_starts[mb])
+                # episode starts matter only to recurrent state (the MLP ignores them)
+                mb_states, mb_starts = (tuple(s[mb] for s in b_states), b_starts[mb]) if self.recurrent else ((), None)
+                if cfg.bf16:
+                    with self._autocast():
+                        logits, newvalue, _ = self.forward(b_obs[mb], mb_states, mb_starts)
+                else:
+                    logits, newvalue, _ = self.forward(b_obs[mb], mb_states, mb_starts)
                 dist_ = self.policy.decoder.distribution(logits.float())
                 newlogprob = dist_.log_prob(_index(b_actions, mb))
                 entropy = dist_.entropy()
-                newvalue = newvalue.float().reshape(mask.shape)
                 logratio = newlogprob - b_logprobs[mb]
-                if not all_acting:
+                newvalue = newvalue.float().reshape(logratio.shape)
+                if mask is not None:
                     logratio = torch.where(mask, logratio, 0.0)
                 ratio = logratio.exp()
                 kl_parts.append((logratio.detach(), mask))
@@ -315,23 +324,27 @@ class PPO:
                     mb_advantages = (mb_advantages - mean) / (std + 1e-8)
 
                 # Policy loss
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                neg_advantages = -mb_advantages
+                pg_loss1 = neg_advantages * ratio
+                pg_loss2 = neg_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
                 pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2))
 
                 # Value loss
+                mb_returns = b_returns[mb]
                 if cfg.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
-                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -cfg.clip_coef, cfg.clip_coef)
-                    v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
+                    mb_values = b_values[mb]
+                    v_loss_unclipped = (newvalue - mb_returns) ** 2
+                    v_clipped = mb_values + torch.clamp(newvalue - mb_values, -cfg.clip_coef, cfg.clip_coef)
+                    v_loss_clipped = (v_clipped - mb_returns) ** 2
                     v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped))
                 else:
-                    v_loss = 0.5 * masked_mean((newvalue - b_returns[mb]) ** 2)
+                    v_loss = 0.5 * masked_mean((newvalue - mb_returns) ** 2)
 
                 entropy_loss = masked_mean(entropy)
                 loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
 
-                self.optimizer.zero_grad(set_to_none=True)
+                for p in params:  # optimizer.zero_grad(set_to_none=True) without its profiler record per call
+                    p.grad = None
                 loss.backward()
                 if self.world > 1:
                     _average_gradients(self.policy)
@@ -397,9 +410,54 @@ def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
     """Adam with CleanRL's eps; the fused kernel (CPU and CUDA) when this torch has it."""
     params = list(params)
     try:
-        return torch.optim.Adam(params, lr=lr, eps=1e-5, fused=True)
+        return _FusedAdam(params, lr=lr, eps=1e-5, fused=True)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(params, lr=lr, eps=1e-5)
+
+
+class _FusedAdam(torch.optim.Adam):
+    """``torch.optim.Adam(fused=True)`` whose ``step()`` calls the fused kernel directly once its state
+    exists: the same ``_foreach_add_`` of the step counts and the same ``_fused_adam_`` call with the
+    same arguments as torch's own path (tested bit for bit against it), without the per-step grouping
+    of tensors and hooks around it, which cost a small network more than the update itself. Anything
+    outside the plain case (several groups or devices, a missing gradient, amsgrad, weight decay,
+    hooks) takes torch's own ``step``."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        fast = self._fast_lists() if closure is None else None
+        if fast is None:
+            return super().step(closure)
+        params, grads, exp_avgs, exp_avg_sqs, steps = fast
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
+                           beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], maximize=False,
+                           grad_scale=None, found_inf=None)
+        return None
+
+    def _fast_lists(self) -> tuple | None:
+        if len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
+            return None
+        group = self.param_groups[0]
+        if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group.get("decoupled_weight_decay") \
+                or isinstance(group["lr"], torch.Tensor) or not hasattr(torch, "_fused_adam_"):
+            return None
+        params = group["params"]
+        grads = [p.grad for p in params]
+        if any(g is None or g.is_sparse for g in grads):
+            return None
+        cache = getattr(self, "_packrl_state_lists", None)
+        # the state lists hold until load_state_dict or add_param_group replaces the state or the params
+        if cache is None or cache[0] is not self.state or cache[1] is not params:
+            states = [self.state.get(p) for p in params]
+            if any(not st or "exp_avg" not in st for st in states):
+                return None  # the first step creates the state through torch's path
+            if len({(p.device, p.dtype) for p in params} | {(g.device, g.dtype) for g in grads}) != 1:
+                return None
+            cache = self._packrl_state_lists = (self.state, params, [st["exp_avg"] for st in states],
+                                                [st["exp_avg_sq"] for st in states], [st["step"] for st in states])
+        return params, grads, cache[2], cache[3], cache[4]
 
 
 def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
@@ -416,18 +474,25 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
 
-def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor]], clip_coef: float) -> dict[str, torch.Tensor]:
+def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor | None]], clip_coef: float) -> dict[str, torch.Tensor]:
     """Means over minibatches of the per-minibatch (masked) ``old_approx_kl``, ``approx_kl`` and ``clipfrac``
-    from each minibatch's (logratio, mask). Minibatches of one shape are reduced together, in a few ops."""
+    from each minibatch's (logratio, mask); a mask of None means every row acted. Minibatches of one
+    shape are reduced together, in a few ops."""
     if len({p[0].shape for p in parts}) == 1:
-        groups = [(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))]
+        masks = [p[1] for p in parts]
+        groups = [(torch.stack([p[0] for p in parts]),
+                   None if all(m is None for m in masks) else
+                   torch.stack([torch.ones_like(p[0], dtype=torch.bool) if m is None else m for p, m in zip(parts, masks)]))]
     else:
-        groups = [(p[0][None], p[1][None]) for p in parts]
+        groups = [(p[0][None], None if p[1] is None else p[1][None]) for p in parts]
     per: dict[str, list] = {"old_approx_kl": [], "approx_kl": [], "clipfrac": []}
     for logratio, mask in groups:
         dims = tuple(range(1, logratio.ndim))
-        count = mask.sum(dims).clamp(min=1)
-        mean = lambda x: torch.where(mask, x, 0.0).sum(dims) / count  # noqa: E731 - per minibatch
+        if mask is None:
+            mean = lambda x: x.mean(dims)  # noqa: E731 - per minibatch
+        else:
+            count = mask.sum(dims).clamp(min=1)
+            mean = lambda x: torch.where(mask, x, 0.0).sum(dims) / count  # noqa: E731 - per minibatch
         ratio = logratio.exp()
         per["old_approx_kl"].append(mean(-logratio))
         per["approx_kl"].append(mean((ratio - 1) - logratio))
