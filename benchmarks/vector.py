@@ -4,6 +4,9 @@ Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step) and t
 100 us busy step; 8 and 64 envs. Each cell: median of --repeats timed runs (spread = min..max),
 ratios against gymnasium SyncVectorEnv. Usage: python benchmarks/vector.py [--quick] [--repeats N]
 Add "packrl ray" to --vectorizers for the ray backend (one actor per core of a local cluster).
+"packrl mp workers" is the multiprocessing backend with every env in a worker (main_envs=0).
+--spins "20/50,100/200" adds "packrl mp spin M/W" rows: main/worker spin windows in us, to choose
+the defaults of packrl/vector/multiprocessing.py.
 """
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ def make_vectorizer(name: str, creator, n: int):
         v = vector.make(creator, n)
     elif name == "packrl mp":
         v = vector.make(creator, n, backend="multiprocessing", context="fork")
+    elif name == "packrl mp workers":
+        v = vector.make(creator, n, backend="multiprocessing", context="fork", main_envs=0)
+    elif name.startswith("packrl mp spin "):
+        main_us, worker_us = (float(x) for x in name.split()[-1].split("/"))
+        v = vector.make(creator, n, backend="multiprocessing", context="fork",
+                        main_spin_s=main_us * 1e-6, worker_spin_s=worker_us * 1e-6)
     elif name == "packrl ray":  # opt-in (--vectorizers): needs Ray; a local cluster takes seconds to start
         import ray
 
@@ -84,13 +93,14 @@ def main() -> None:
     parser.add_argument("--envs", default=",".join(ENVS))
     parser.add_argument("--sizes", default="8,64")
     parser.add_argument("--vectorizers", default="gym Sync,gym Async(shm),sb3 Dummy,sb3 Subproc,packrl serial,packrl mp")
+    parser.add_argument("--spins", default="", help="main/worker spin windows in us to compare, e.g. 20/50,100/200")
     args = parser.parse_args()
     seconds = 0.3 if args.quick else 1.0
-    names = args.vectorizers.split(",")
+    names = args.vectorizers.split(",") + [f"packrl mp spin {s}" for s in args.spins.split(",") if s]
     print(machine_line(("stable_baselines3",)))
     print("Machine shared with other jobs: compare ratios within one run, not absolute numbers across runs.")
     print(f"agent-steps/s, median of {args.repeats} x {seconds}s (min..max); ratio = median / gym Sync median")
-    print(f"{'env':18} {'n':>3} {'vectorizer':15} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
+    print(f"{'env':18} {'n':>3} {'vectorizer':22} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
     for env_name in args.envs.split(","):
         for n in (int(s) for s in args.sizes.split(",")):
             results = {name: agent_steps_per_s(name, ENVS[env_name], n, seconds, args.repeats) for name in names}
@@ -98,7 +108,7 @@ def main() -> None:
             serial = statistics.median(results["packrl serial"]) if "packrl serial" in results else float("nan")
             for name, rates in results.items():
                 med = statistics.median(rates)
-                print(f"{env_name:18} {n:>3} {name:15} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
+                print(f"{env_name:18} {n:>3} {name:22} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
                       f"{med / sync:>7.2f} {med / serial:>8.2f}", flush=True)
 
 

@@ -91,11 +91,59 @@ def assert_same_runs(a, b):
     (functools.partial(gymnasium.make, "CartPole-v1"), 2),
     (StructuredEnv, 4),
 ])
-def test_multiprocessing_equals_serial_byte_for_byte(creator, high):
+@pytest.mark.parametrize("split", [
+    {"num_workers": 2, "main_envs": 0},  # workers only
+    {"num_workers": 1},  # the main process steps envs 2..3 (its equal share), the worker 0..1
+    {"num_workers": 1, "main_envs": 3},  # an uneven split: the main process steps envs 1..3
+])
+def test_multiprocessing_equals_serial_byte_for_byte(creator, high, split):
     actions = random_actions(4, high=high)
     serial = run(vector.make(creator, 4, seed=3), actions)
-    with vector.make(creator, 4, backend="multiprocessing", num_workers=2, seed=3, context="fork") as venv:
+    with vector.make(creator, 4, backend="multiprocessing", seed=3, context="fork", **split) as venv:
+        assert venv.main_envs == split.get("main_envs", 2)
+        assert venv.main_envs + venv.num_workers * venv.envs_per_worker == 4
         assert_same_runs(serial, run(venv, actions))
+
+
+def test_default_split_gives_the_main_process_a_share_only_when_every_env_steps_at_once():
+    import os
+
+    from packrl.vector.multiprocessing import default_split
+
+    cores = os.cpu_count() or 1
+    for n in (1, 2, 7, 8, 64):
+        workers, main = default_split(n, None, None, None)
+        assert workers == max(1, min(cores - 1, n)) and (n - main) % workers == 0
+        assert main <= n / (workers + 1) and n - main >= workers  # at most an equal share; every worker has envs
+    assert default_split(8, 8, 1, None) == (1, 4)
+    assert default_split(8, 8, 2, None) == (2, 2)
+    assert default_split(5, None, 2, None) == (2, 1)
+    assert default_split(8, 4, 2, None) == (2, 0)  # batches: the main process runs the policy
+    with pytest.raises(EmulationError, match="main_envs=2 needs batch_size == num_envs"):
+        default_split(8, 4, 2, 2)
+    with pytest.raises(EmulationError, match="num_envs - main_envs = 8 - 8"):
+        default_split(8, None, 1, 8)  # every worker steps at least one env
+
+
+def test_spinner_stops_spinning_after_failed_spins_and_resumes_after_a_success():
+    import multiprocessing
+
+    from packrl.vector.multiprocessing import Spinner
+
+    sem = multiprocessing.get_context("fork").Semaphore(0)
+    spinner = Spinner(1e-6)
+    assert not spinner.wait(sem) and (spinner.skip, spinner.backoff) == (1, 2)  # spun, nothing came
+    assert not spinner.wait(sem) and spinner.skip == 0  # skipped the spin
+    assert not spinner.wait(sem) and (spinner.skip, spinner.backoff) == (2, 4)
+    sem.release()
+    assert spinner.wait(sem)  # a posted semaphore is taken even while spins are skipped
+    for _ in range(200):
+        spinner.wait(sem)
+    assert spinner.backoff == Spinner.MAX_SKIP
+    spinner.skip = 0
+    sem.release()
+    assert spinner.wait(sem) and spinner.backoff == Spinner.MAX_SKIP  # taken before spinning
+    assert not Spinner(0.0).wait(sem)  # no spinning at all
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
@@ -196,7 +244,9 @@ def test_gymnasium_vector_env_interop():
 
 def test_make_refuses_bad_configurations():
     with pytest.raises(EmulationError, match="must divide"):
-        vector.make(ScriptedEnv, 5, backend="multiprocessing", num_workers=2)
+        vector.make(ScriptedEnv, 5, backend="multiprocessing", num_workers=2, main_envs=0)
+    with pytest.raises(EmulationError, match="main_envs=2 needs batch_size == num_envs"):
+        vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=1, batch_size=2, main_envs=2)
     with pytest.raises(EmulationError, match="batch_size=3"):
         vector.make(ScriptedEnv, 4, batch_size=3)
     with pytest.raises(EmulationError, match="must divide"):  # refused before any Ray cluster starts

@@ -59,6 +59,22 @@ def test_env_error_names_worker_env_and_traceback_quickly(context):
     assert_clean(pids, names)
 
 
+def test_env_error_in_the_main_process_share_names_env_and_traceback():
+    # 4 envs: the worker steps 0..1, the main process 2..3; env 3 raises in the main process.
+    venv = vector.make(SeededFailure, 4, backend="multiprocessing", num_workers=1, main_envs=2, context="fork")
+    names, pids = our_names(venv), venv.worker_pids
+    venv.reset(seed=0)
+    with pytest.raises(EnvError) as err:
+        for _ in range(5):
+            venv.step(np.zeros(4, np.int64))
+    text = str(err.value)
+    assert "main process" in text and "env 3" in text and "scripted failure at step 3" in text and "Traceback" in text
+    with pytest.raises(EnvError, match="failed earlier"):
+        venv.step(np.zeros(4, np.int64))
+    venv.close()  # the worker's command was in flight when the main process's env raised
+    assert_clean(pids, names)
+
+
 def test_serial_env_error_names_env_and_traceback():
     venv = vector.make(SeededFailure, 4)
     venv.reset(seed=0)
@@ -82,22 +98,25 @@ def test_failing_creator_is_reported_and_cleaned_up():
     assert after <= before
 
 
-def test_sigkilled_worker_is_detected():
-    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="fork")
+@pytest.mark.parametrize("split", [{"num_workers": 2, "main_envs": 0}, {"num_workers": 2, "main_envs": 2}])
+def test_sigkilled_worker_is_detected(split):
+    # with main_envs=2 the main process steps envs 4..5 before it waits for the dead worker
+    venv = vector.make(ScriptedEnv, 4 + split["main_envs"], backend="multiprocessing", context="fork", **split)
     names, pids = our_names(venv), venv.worker_pids
     venv.reset()
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(EnvError, match="worker 1 .*envs 2..3.* killed by SIGKILL"):
         for _ in range(10):
-            venv.step(np.zeros(4, np.int64))
+            venv.step(np.zeros(venv.num_envs, np.int64))
     assert time.monotonic() - start < 1.0
     venv.close()
     assert_clean(pids, names)
 
 
-def test_close_and_garbage_collection_leave_nothing():
-    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="spawn")
+@pytest.mark.parametrize("split", [{"num_workers": 2, "main_envs": 0}, {"num_workers": 1, "main_envs": 2}])
+def test_close_and_garbage_collection_leave_nothing(split):
+    venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", context="spawn", **split)
     names, pids = our_names(venv), venv.worker_pids
     obs, _ = venv.reset()
     assert all(alive(p) for p in pids)

@@ -21,7 +21,9 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     emulated env; what is not emulated gets ``packrl.emulation.emulate``).
 
     backend: ``serial`` (this process), ``multiprocessing`` (``num_workers`` processes sharing
-    memory; ``context=`` picks spawn, forkserver or fork), ``numba`` (``env_creator`` is a
+    memory; ``context=`` picks spawn, forkserver or fork; ``main_envs=`` how many envs the main
+    process steps itself while the workers step theirs, by default an equal share when
+    ``batch_size == num_envs``, ``0`` to keep every env out of this process), ``numba`` (``env_creator`` is a
     Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
     a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
     ``seed``: env i is seeded with ``seed + i`` on the first ``reset``."""

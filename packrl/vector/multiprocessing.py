@@ -1,10 +1,17 @@
 """The multiprocessing backend: worker processes step blocks of envs into one shared segment.
 
-Signalling (measured in benchmarks/vector.py): each worker sleeps on its own semaphore and
-every finished command posts one shared ``done`` semaphore. A POSIX semaphore post costs no
-system call when nobody sleeps on it, and a short spin of non-blocking ``acquire`` calls catches
-a reply that is microseconds away without a wake-up; after the spin both sides block in the
-kernel, so waiting processes leave the cores to the envs even when workers outnumber cores.
+Split (EnvPool-style): when every env steps at once, the main process would only wait, so by
+default it steps an equal share of the envs itself while ``cores - 1`` workers step the rest;
+on 2 cores that is one worker and two busy processes, not three on two cores.
+
+Signalling (measured in benchmarks/vector.py ``--spins``): each worker sleeps on its own
+semaphore and every finished command posts one shared ``done`` semaphore. A POSIX semaphore
+post costs no system call when nobody sleeps on it, but waking a sleeper costs tens of
+microseconds on each side (measured: a 60 us + 60 us ping-pong takes 62 us with spinning, 130 us
+with blocking waits, on a 2-core VM). So each side first spins on non-blocking ``acquire``
+calls, then blocks in the kernel. Spinning adapts (``Spinner``): a spin that fails is skipped
+for the next 1, 2, 4, ... 64 waits, so when the cores are shared with other work (more runnable
+processes than cores) the waiting process stops burning the time slice the other side needs.
 Blocking waits time out every ``POLL_S`` to notice a dead worker (or, in a worker, a dead
 parent).
 """
@@ -33,8 +40,8 @@ from packrl.vector.shared import BufferPlan, Segment, attach_segment
 
 POLL_S = 0.05  # a dead worker is noticed within this (plus the time to read its exit status)
 CLOSE_GRACE_S = 1.0  # workers get this long to close their envs before they are terminated
-MAIN_SPIN_S = 20e-6  # defaults chosen with benchmarks/vector.py --tune on 2 cores
-WORKER_SPIN_S = 50e-6
+MAIN_SPIN_S = 100e-6  # defaults measured with benchmarks/vector.py --spins on 2 cores (see the module docstring)
+WORKER_SPIN_S = 200e-6
 
 
 class Command(IntEnum):
@@ -51,6 +58,11 @@ class Status(IntEnum):
     FAILED = 3  # an env raised; (env index, traceback) follows on the pipe
 
 
+# Plain ints of the same names for the per-step paths (an enum member lookup costs about 1 us).
+STEP, RESET, CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
+BUSY, DONE, DONE_INFO, FAILED = int(Status.BUSY), int(Status.DONE), int(Status.DONE_INFO), int(Status.FAILED)
+
+
 @dataclass(frozen=True)
 class WorkerArgs:
     worker_id: int
@@ -63,35 +75,78 @@ class WorkerArgs:
     spin_s: float
 
 
+class Spinner:
+    """Adaptive spinning before a blocking wait.
+
+    A spin only pays when the other side is running on another core and is about to post; when
+    the cores are shared (more runnable processes than cores) it burns the time slice the other
+    side needs. So a spin that fails (the post did not come) skips spinning for the next 1, 2,
+    4, ... up to ``MAX_SKIP`` waits, and one that succeeds restores it."""
+
+    MAX_SKIP = 64
+
+    def __init__(self, spin_s: float):
+        self.spin_s = spin_s
+        self.skip = 0  # waits left to block without spinning
+        self.backoff = 1  # the skip after the next failed spin
+
+    def wait(self, sem: Any) -> bool:
+        """Take ``sem`` if it is posted now or (when spinning) within ``spin_s``; False: block."""
+        if sem.acquire(False):
+            return True
+        if self.spin_s <= 0:
+            return False
+        if self.skip:
+            self.skip -= 1
+            return False
+        clock = time.perf_counter
+        deadline = clock() + self.spin_s
+        while clock() < deadline:
+            if sem.acquire(False):
+                self.backoff = 1
+                return True
+        self.skip = self.backoff
+        self.backoff = min(2 * self.backoff, self.MAX_SKIP)
+        return False
+
+
 class Multiprocessing(WorkerBackend):
-    """``num_workers`` processes, each stepping ``num_envs / num_workers`` consecutive envs.
+    """``num_workers`` processes, each stepping ``envs_per_worker`` consecutive envs, and, when
+    every env steps at once, the main process stepping the last ``main_envs`` envs itself while
+    the workers step theirs (it would otherwise sit idle waiting for them).
 
     ``recv`` returns the first ``batch_size / envs_per_worker`` workers to finish (envs of a
     batch in increasing order) and ``send`` goes to exactly those; with ``batch_size ==
-    num_envs`` (the default) ``reset``/``step`` step them all and return zero-copy views."""
+    num_envs`` (the default) ``reset``/``step`` step them all and return zero-copy views.
+
+    ``main_envs`` (``batch_size == num_envs`` only): ``None`` picks the main process's equal share
+    (see ``default_split``); ``0`` keeps every env in a worker (an env that crashes its process
+    then cannot take the main process down)."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, context: str | None = None,
-                 main_spin_s: float = MAIN_SPIN_S, worker_spin_s: float = WORKER_SPIN_S):
-        num_workers = default_workers(num_envs) if num_workers is None else int(num_workers)
-        if num_workers < 1 or num_envs % num_workers:
-            raise EmulationError(f"num_workers={num_workers} must divide num_envs={num_envs}")
-        per_worker = num_envs // num_workers
+                 main_envs: int | None = None, main_spin_s: float = MAIN_SPIN_S,
+                 worker_spin_s: float = WORKER_SPIN_S):
+        num_workers, main_envs = default_split(num_envs, batch_size, num_workers, main_envs)
+        per_worker = (num_envs - main_envs) // num_workers
         _check_batch(num_envs, batch_size, per_worker)
         ctx = mp.get_context(context or default_context())
         probe = build_env(env_creator)  # the main process needs the row layout before any worker exists
         spec = EnvSpec.of(probe)
-        probe.close()
+        main_block = [probe] if main_envs else []
+        if not main_envs:
+            probe.close()
         control = {"control": ((num_workers, 3), np.int64), "status": ((num_workers,), np.int64)}
         plan = plan_buffers(spec, num_envs, control)
         shm = Segment(plan.nbytes)
         arrays = plan.views(shm.buf)
         self._setup(spec, num_envs, batch_size, seed, arrays)
-        self.num_workers, self.envs_per_worker = num_workers, per_worker
+        self.num_workers, self.envs_per_worker, self.main_envs = num_workers, per_worker, main_envs
+        self._runner: EnvRunner | None = None
         self.context = ctx.get_start_method()
         self._control, self._status = arrays["control"], arrays["status"]
         self._segment_name = shm.name
-        self._main_spin_s = main_spin_s
+        self._spinner = Spinner(main_spin_s)
         self._done = ctx.Semaphore(0)
         self._wake = [ctx.Semaphore(0) for _ in range(num_workers)]
         creator = cloudpickle.dumps(env_creator)
@@ -107,15 +162,25 @@ class Multiprocessing(WorkerBackend):
             proc.start()
             writer.close()  # only the worker holds the write end: its death reads as EOF here
         self._in_flight: set[int] = set(range(num_workers))
+        self._batch_workers = self.batch_size // per_worker if main_envs == 0 else num_workers
+        self._main_infos: list = []
         self._ready: deque[int] = deque()
         self._owed = 0  # completions seen in the status array whose semaphore post is not taken yet
         self._infos: list = [[] for _ in range(num_workers)]
         self._last: list[int] | None = None
         self._broken: str | None = None
         try:
+            if main_envs:  # built while the workers build theirs
+                first = num_envs - main_envs
+                for k in range(1, main_envs):
+                    main_block.append(build_env(env_creator))
+                    spec.check(main_block[-1], first + k)
+                self._runner = EnvRunner(main_block, first, arrays, spec)
             self._collect(num_workers)  # every worker built its envs and mapped the segment
         except BaseException:
             self._finalizer()
+            for env in main_block:
+                env.close()
             self.closed = True
             raise
         shm.unlink()  # every process has it mapped: the name can go, so nothing can leak in /dev/shm
@@ -140,44 +205,65 @@ class Multiprocessing(WorkerBackend):
         self._drain()
         seed = self._reset_seed(seed)
         for w in range(self.num_workers):
-            self._command(w, Command.RESET, seed)
+            self._command(w, RESET, seed)
         self._last = None
+        if self._runner is not None:
+            self._main_infos = self._run_main(self._runner.reset, seed)
 
     def recv(self) -> Batch:
         """Wait for the first ``batch_size / envs_per_worker`` workers to finish; their batch."""
         self._check_usable()
         if self._last is not None:
             raise EmulationError("recv() twice without send(): send the actions of the batch received first")
-        workers = sorted(self._collect(self.batch_size // self.envs_per_worker))
+        workers = self._collect(self._batch_workers)
+        if len(workers) > 1:
+            workers.sort()
         self._last = workers
         env_ids = self._env_ids(workers)
         infos = [{} for _ in range(len(env_ids))]
         position = {int(e): i for i, e in enumerate(env_ids)} if len(workers) < self.num_workers else None
         for w in workers:
-            for index, info in self._infos[w]:
-                infos[index if position is None else position[index]] = info
-            self._infos[w] = []
+            if self._infos[w]:
+                for index, info in self._infos[w]:
+                    infos[index if position is None else position[index]] = info
+                self._infos[w] = []
+        if self._main_infos:
+            for index, info in self._main_infos:
+                infos[index] = info
+            self._main_infos = []
         return self._batch(env_ids, infos)
 
     def send(self, actions: Any) -> None:
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
         for w in self._write_batch_actions(actions):
-            self._command(w, Command.STEP)
+            self._command(w, STEP)
         self._last = None
+        if self._runner is not None:  # the workers step theirs meanwhile
+            self._main_infos = self._run_main(self._runner.step)
 
     def close_extras(self, **kwargs: Any) -> None:
         self._finalizer()
+        if self._runner is not None:
+            self._runner.close()
         # Named semaphores (spawn, forkserver) leave /dev/shm when their last reference goes.
         self._done = None
 
     # ------------------------------------------------------------ commands and replies
 
-    def _command(self, w: int, command: Command, seed: int | None = None) -> None:
+    def _run_main(self, fn: Callable, *args: Any) -> list:
+        """Step or reset the main process's own envs; an env error breaks the vector env."""
+        try:
+            return fn(*args)
+        except Exception:
+            failure = self._runner.failure()
+            self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}")
+
+    def _command(self, w: int, command: int, seed: int | None = None) -> None:
         row = self._control[w]
-        row[0] = command
-        if command == Command.RESET:
+        if command == RESET:
             row[1], row[2] = seed is not None, 0 if seed is None else seed
-        self._status[w] = Status.BUSY
+        row[0] = command
+        self._status[w] = BUSY
         self._in_flight.add(w)
         self._wake[w].release()  # also a memory barrier: the worker sees the actions and the command
 
@@ -195,16 +281,16 @@ class Multiprocessing(WorkerBackend):
     def _scan(self) -> int:
         """Move finished in-flight workers to the ready queue; raise on a failed one."""
         found = 0
-        status = self._status
-        for w in sorted(self._in_flight):
+        status = self._status.tolist()
+        for w in sorted(self._in_flight) if len(self._in_flight) > 1 else list(self._in_flight):
             state = status[w]
-            if state == Status.BUSY:
+            if state == BUSY:
                 continue
             self._in_flight.discard(w)
-            if state == Status.FAILED:
+            if state == FAILED:
                 env_index, text = self._read(w)
                 self._fail(f"worker {w} (pid {self._procs[w].pid}), env {env_index} raised:\n{text}")
-            self._infos[w] = self._read(w) if state == Status.DONE_INFO else []
+            self._infos[w] = self._read(w) if state == DONE_INFO else []
             self._ready.append(w)
             found += 1
         return found
@@ -217,17 +303,10 @@ class Multiprocessing(WorkerBackend):
             self._fail(f"worker {w} closed its pipe while sending a reply")
 
     def _take_token(self) -> None:
-        """One post of the shared ``done`` semaphore: spin briefly, then sleep in the kernel."""
-        done = self._done
-        if done.acquire(False):
-            return
-        if self._main_spin_s > 0:
-            deadline = time.perf_counter() + self._main_spin_s
-            while time.perf_counter() < deadline:
-                if done.acquire(False):
-                    return
-        while not done.acquire(True, POLL_S):
-            self._check_workers()
+        """One post of the shared ``done`` semaphore: spin (adaptively), then sleep in the kernel."""
+        if not self._spinner.wait(self._done):
+            while not self._done.acquire(True, POLL_S):
+                self._check_workers()
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a reset)."""
@@ -245,10 +324,39 @@ class Multiprocessing(WorkerBackend):
                 self._fail(f"worker {w} (pid {proc.pid}, envs {first}..{first + self.envs_per_worker - 1}) {how}")
 
 
-def default_workers(num_envs: int) -> int:
-    """The most workers, up to the number of cores, that split the envs evenly."""
+def default_split(num_envs: int, batch_size: int | None, num_workers: int | None,
+                  main_envs: int | None) -> tuple[int, int]:
+    """``(num_workers, main_envs)``, filling in what is ``None``.
+
+    Every env at once (``batch_size`` None or ``num_envs``): one process per core, the main
+    process included (``cores - 1`` workers, at least one), and the main process takes an equal
+    share of the envs, rounded so the workers split the rest evenly. Batches: one worker per
+    core that divides the envs evenly, and the main process steps none (it runs the policy on one
+    batch while the workers step the others)."""
     cores = os.cpu_count() or 1
-    return max(w for w in range(1, min(cores, num_envs) + 1) if num_envs % w == 0)
+    sync = batch_size is None or batch_size == num_envs
+    if main_envs is not None and main_envs and not sync:
+        raise EmulationError(f"main_envs={main_envs} needs batch_size == num_envs: with batches the main "
+                             "process runs the policy while the workers step")
+    if num_workers is None:
+        if sync and main_envs != 0:
+            num_workers = max(1, min(cores - 1, num_envs - (main_envs or 0)))
+        else:
+            num_workers = max(w for w in range(1, min(cores, num_envs) + 1) if num_envs % w == 0)
+    num_workers = int(num_workers)
+    if num_workers < 1:
+        raise EmulationError(f"num_workers={num_workers} must be at least 1 (backend='serial' uses none)")
+    if main_envs is None:
+        main_envs = 0
+        if sync:  # m = num_envs (mod num_workers), closest to an equal share, at most that share
+            share = num_envs / (num_workers + 1)
+            fits = [m for m in range(num_envs % num_workers, num_envs - num_workers + 1, num_workers) if m <= share]
+            main_envs = max(fits, default=0)
+    main_envs = int(main_envs)
+    if not 0 <= main_envs <= num_envs - num_workers or (num_envs - main_envs) % num_workers:
+        raise EmulationError(f"num_workers={num_workers} must divide the num_envs - main_envs = {num_envs} - "
+                             f"{main_envs} envs the workers step (each worker steps at least one)")
+    return num_workers, main_envs
 
 
 def default_context() -> str:
@@ -300,22 +408,23 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             _reply(status, w, done, conn, Status.FAILED, (args.first_env + len(envs), traceback.format_exc()))
             return
         _reply(status, w, done, conn, Status.DONE, None)
+        spinner = Spinner(args.spin_s)
         while True:
-            _wait(wake, args.spin_s, parent)
-            command = control[w, 0]
-            if command == Command.CLOSE:
+            _wait(wake, spinner, parent)
+            command = int(control[w, 0])
+            if command == CLOSE:
                 return
             try:
-                if command == Command.STEP:
+                if command == STEP:
                     infos = runner.step()
                 else:
                     infos = runner.reset(int(control[w, 2]) if control[w, 1] else None)
                 payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
             except Exception:
                 failure = runner.failure()
-                _reply(status, w, done, conn, Status.FAILED, (failure.env_index, failure.text))
+                _reply(status, w, done, conn, FAILED, (failure.env_index, failure.text))
                 continue
-            _reply(status, w, done, conn, Status.DONE_INFO if payload else Status.DONE, payload)
+            _reply(status, w, done, conn, DONE_INFO if payload else DONE, payload)
     finally:
         for env in envs:
             try:
@@ -324,25 +433,20 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 pass
 
 
-def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: Status, payload: Any) -> None:
+def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: int, payload: Any) -> None:
     status[w] = state
     done.release()
     # The payload goes after the post: the main process reads it only after taking the post, so
     # a reply larger than the pipe buffer cannot deadlock.
-    if state == Status.FAILED:
+    if state == FAILED:
         conn.send(payload)
     elif payload is not None:
         conn.send_bytes(payload)
 
 
-def _wait(sem: Any, spin_s: float, parent: int) -> None:
-    if sem.acquire(False):
+def _wait(sem: Any, spinner: "Spinner", parent: int) -> None:
+    if spinner.wait(sem):
         return
-    if spin_s > 0:
-        deadline = time.perf_counter() + spin_s
-        while time.perf_counter() < deadline:
-            if sem.acquire(False):
-                return
     while not sem.acquire(True, 1.0):
         if os.getppid() != parent:  # orphaned: the main process died without closing us
             os._exit(0)
