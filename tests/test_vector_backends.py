@@ -147,11 +147,13 @@ def test_spinner_stops_spinning_after_failed_spins_and_resumes_after_a_success()
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
-def test_start_methods(context):
+@pytest.mark.parametrize("num_workers", [2, 1])  # 1: the main process steps env 1 (the lambda runs here too)
+def test_start_methods(context, num_workers):
     actions = random_actions(2, steps=8)
     serial = run(vector.make(lambda: ScriptedEnv(), 2), actions)  # a lambda: creators are cloudpickled
-    with vector.make(lambda: ScriptedEnv(), 2, backend="multiprocessing", num_workers=2, context=context) as venv:
-        assert venv.context == context
+    with vector.make(lambda: ScriptedEnv(), 2, backend="multiprocessing", num_workers=num_workers,
+                     context=context) as venv:
+        assert venv.context == context and venv.main_envs == 2 - num_workers
         assert_same_runs(serial, run(venv, actions))
 
 
