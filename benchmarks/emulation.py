@@ -1,11 +1,13 @@
 """Per-sample pack + unpack, side by side: gymnasium flatten/unflatten, a structured-dtype writer
 (the older byte-packing libraries' approach), packrl, and np.copyto of the same bytes (the floor).
-Also the emulate wrapper's added cost per env.step, and the bytes torch nativize copies.
+Also the emulate wrapper's added cost per env.step, and the bytes torch nativize copies. The packrl rows
+use the compiled pack (what a layout uses once hot); "Python path" is the same API with it turned off.
 
     .venv/bin/python benchmarks/emulation.py
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -86,9 +88,19 @@ def pack_unpack_rows(name: str, space: spaces.Space) -> list:
         bound.pack(sample)
         return bound.tree
 
+    python_layout = Layout.from_space(space)  # a fresh layout, kept on the checked Python path
+
+    def packrl_python():
+        python_layout.pack(sample, out=row)
+        return python_layout.unpack(row)
+
+    os.environ["PACKRL_COMPILE_PACK"] = "never"
+    python_path = per_call_us(packrl_python)
+    os.environ["PACKRL_COMPILE_PACK"] = "always"  # the other packrl rows: the compiled pack from the start
     results = {
         "gymnasium flatten+unflatten": per_call_us(gym_round),
         "structured-dtype writer": per_call_us(struct_round),
+        "packrl pack+unpack, Python path": python_path,
         "packrl pack+unpack": per_call_us(packrl_round),
         "packrl bound rows (emulate)": per_call_us(packrl_bound),
         "np.copyto floor": per_call_us(lambda: np.copyto(dst, src)),
