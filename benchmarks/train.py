@@ -1,15 +1,21 @@
 """Training throughput on CPU: packrl PPO against a CleanRL-style single-file PPO and SB3 PPO.
 
-Agent steps per second of whole training (rollout + update) on CartPole, same hyperparameters for all
-(8 envs x 128 steps, 4 epochs x 4 minibatches, 64 hidden units, Adam 2.5e-4):
+Agent steps per second of whole training (rollout + update) on CartPole. Every row of a group uses the
+same PPO hyperparameters: num_envs, 128 steps, 4 epochs x 4 minibatches, Adam 2.5e-4, 64 hidden units.
 
-- cleanrl-style: gymnasium SyncVectorEnv + a separate actor and critic, CleanRL's ppo.py loop;
-- sb3: stable-baselines3 PPO("MlpPolicy") on its DummyVecEnv;
-- packrl gymnasium: packrl.vector.make(serial) over gymnasium CartPole-v1 + packrl PPO;
-- packrl numba: packrl's batched Numba CartPole (backend "numba") + packrl PPO.
+- cleanrl-style: gymnasium SyncVectorEnv + CleanRL's Agent (separate actor and critic, two Tanh layers
+  of 64 each), CleanRL's ppo.py loop;
+- sb3: stable-baselines3 PPO("MlpPolicy", net_arch [64, 64]) on its DummyVecEnv;
+- packrl ..., cleanrl net: packrl PPO with CleanRL's Agent network inside a packrl Policy (the raw
+  observation, no scaling, into the same actor and critic with the same init): the same network;
+- packrl ..., default policy: packrl's own Policy.from_env (Layout encoder + one MLP layer, shared by
+  the actor and critic heads: about half the multiply-adds of CleanRL's two networks);
+- gymnasium: packrl.vector.make(serial) over gymnasium CartPole-v1; numba: packrl's batched Numba CartPole.
 
-    python benchmarks/train.py [--steps 32768] [--repeats 3]
+    python benchmarks/train.py [--steps 32768] [--repeats 3] [--large-envs 64]
 
+Groups: 8 envs (the issue's setting; SB3 only here) and --large-envs (CleanRL-style on a gymnasium
+SyncVectorEnv of that many envs against packrl's Numba CartPole with as many envs).
 Targets (issue 7): >= 1.5x cleanrl-style with the gymnasium env, >= 5x with the Numba env.
 """
 from __future__ import annotations
@@ -58,7 +64,8 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def cleanrl_ppo(total_steps: int, seed: int = 0) -> float:
+def cleanrl_ppo(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
+    NUM_ENVS = num_envs  # noqa: N806 - the body below is CleanRL's loop with its own names
     torch.manual_seed(seed)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(NUM_ENVS)])
     agent = Agent(4, 2)
@@ -129,14 +136,58 @@ def sb3_ppo(total_steps: int, seed: int = 0) -> float:
     return model.num_timesteps / (time.perf_counter() - start)
 
 
-def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
+class _RawObservation(nn.Module):
+    """The observation as CleanRL's Agent reads it: the float vector as it is, no scaling."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.output_size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1).float()
+
+
+class _CleanRLHeads(nn.Module):
+    """CleanRL's Agent (separate actor and critic MLPs, same layers and init) as a packrl decoder."""
+
+    def __init__(self, action_layout, obs_dim: int, n_actions: int):
+        super().__init__()
+        from packrl.models import ActionSpec
+
+        agent = Agent(obs_dim, n_actions)
+        self.actor, self.critic = agent.actor, agent.critic
+        self.spec = ActionSpec(action_layout)
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+    def distribution(self, logits: torch.Tensor):
+        return self.spec.distribution(logits)
+
+    def to_numpy(self, action: torch.Tensor):
+        return self.spec.to_numpy(action)
+
+
+def cleanrl_network_policy(env):
+    """A packrl Policy whose network is exactly CleanRL's Agent: raw observation -> actor, critic."""
+    from packrl.models import Policy
+    from packrl.models.networks import MLP
+
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    return Policy(_RawObservation(obs_dim), MLP(obs_dim, layers=0),
+                  _CleanRLHeads(env.emulated.action, obs_dim, int(env.single_action_space.n)))
+
+
+def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NUM_ENVS, network: str = "cleanrl") -> float:
     from packrl import vector
     from packrl.models import Policy
     from packrl.train.ppo import PPO, PPOConfig
 
     creator = "cartpole" if backend == "numba" else (lambda: gym.make("CartPole-v1"))
     env = vector.make(creator, num_envs, backend=backend, seed=seed)
-    ppo = PPO(env, Policy.from_env(env, hidden=HIDDEN), PPOConfig(
+    torch.manual_seed(seed)
+    policy = cleanrl_network_policy(env) if network == "cleanrl" else Policy.from_env(env, hidden=HIDDEN)
+    ppo = PPO(env, policy, PPOConfig(
         num_steps=NUM_STEPS, update_epochs=EPOCHS, num_minibatches=MINIBATCHES, learning_rate=LR, seed=seed, device="cpu"))
     start = time.perf_counter()
     ppo.train(total_steps)
@@ -147,33 +198,49 @@ def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NU
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=32768)
+    parser.add_argument("--steps", type=int, default=32768, help="agent steps per run (at least 4 iterations at large envs)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for every contender")
+    parser.add_argument("--large-envs", type=int, default=64, help="num_envs of the second like-for-like group (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    runs = {
-        "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(args.steps),
-        "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps),
-        "packrl PPO (gymnasium, serial)": lambda: packrl_ppo(args.steps, "serial"),
-        "packrl PPO (numba cartpole)": lambda: packrl_ppo(args.steps, "numba"),
-        # Not the same hyperparameters: what the Numba env is for, many rows per policy call.
-        "packrl PPO (numba, 256 envs)": lambda: packrl_ppo(max(args.steps, 256 * NUM_STEPS), "numba", num_envs=256),
+    big = args.large_envs
+    big_steps = max(args.steps, 4 * big * NUM_STEPS)
+    groups: dict[str, dict] = {
+        f"{NUM_ENVS} envs": {
+            "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(args.steps),
+            "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps),
+            "packrl gymnasium, cleanrl net": lambda: packrl_ppo(args.steps, "serial"),
+            "packrl numba, cleanrl net": lambda: packrl_ppo(args.steps, "numba"),
+            "packrl gymnasium, default policy": lambda: packrl_ppo(args.steps, "serial", network="default"),
+            "packrl numba, default policy": lambda: packrl_ppo(args.steps, "numba", network="default"),
+        },
     }
+    if big:
+        groups[f"{big} envs"] = {
+            "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(big_steps, num_envs=big),
+            "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big),
+            "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default"),
+        }
     packrl_ppo(NUM_ENVS * NUM_STEPS, "numba")  # warm-up: Numba compilation, imports
-    results: dict[str, list[float]] = {name: [] for name in runs}
+    results = {g: {name: [] for name in runs} for g, runs in groups.items()}
     for _ in range(args.repeats):  # interleaved, so load changes hit every contender alike
-        for name, run in runs.items():
-            results[name].append(run())
-    base = statistics.median(results["cleanrl-style (gymnasium)"])
-    print(f"CartPole PPO training throughput, {args.steps} agent steps x {args.repeats} repeats, "
-          f"{NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS}x{MINIBATCHES} minibatches, torch threads {args.threads}")
+        for g, runs in groups.items():
+            for name, run in runs.items():
+                results[g][name].append(run())
+    print(f"CartPole PPO training throughput, {args.repeats} repeats, {NUM_STEPS} steps per env per iteration, "
+          f"{EPOCHS}x{MINIBATCHES} minibatches, {HIDDEN} hidden, torch threads {args.threads}")
     print(machine_line(("stable_baselines3",)))
-    print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
-    for name, rates in results.items():
-        med = statistics.median(rates)
-        print(f"{name:34} {med:15,.0f} {min(rates):9,.0f} {max(rates):9,.0f} {med / base:10.2f}x")
-    print("the 256-env row uses 256 envs (same per-row hyperparameters otherwise); the other rows are like for like")
+    for g, rows in results.items():
+        steps = args.steps if g.startswith(f"{NUM_ENVS} ") else big_steps
+        base = statistics.median(rows["cleanrl-style (gymnasium)"])
+        print(f"\n{g} ({steps} agent steps a run)")
+        print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
+        for name, rates in rows.items():
+            med = statistics.median(rates)
+            print(f"{name:34} {med:15,.0f} {min(rates):9,.0f} {max(rates):9,.0f} {med / base:10.2f}x")
+    print("\nevery row of a group has that group's num_envs and the same PPO hyperparameters; 'cleanrl net' rows "
+          "run CleanRL's exact network inside packrl")
     print("targets: packrl gymnasium >= 1.5x, packrl numba >= 5x (numbers depend on the machine's load)")
 
 
