@@ -145,7 +145,9 @@ class Layout:
             if fast is None or not fast(sample, out.reshape(1, -1), 0):
                 self._bound(out).pack_checked(sample)
             return out
-        bound = self._bound(out)  # checks a buffer the first time it is seen
+        ref, bound = self._last_bound
+        if ref is None or ref() is not out:
+            bound = self._bound(out)  # checks a buffer the first time it is seen
         if bound.batch:
             raise EmulationError(f"pack writes one row: expected 1-d rows, got shape {out.shape} (use pack_batch)")
         bound.pack(sample)
@@ -302,13 +304,18 @@ class Layout:
 
     def unpack(self, buf: np.ndarray) -> Any:
         """Views of ``buf`` (``(nbytes,)`` or ``(..., nbytes)`` uint8) in the space's own structure."""
-        return self.unflatten(self._bound(buf).views)  # the buffer is checked when first seen
+        ref, bound = self._last_bound
+        if ref is None or ref() is not buf:
+            bound = self._bound(buf)  # checks a buffer the first time it is seen
+        return (self._unflatten_fn or self._make_unflatten())(bound.views)
 
     def unflatten(self, leaf_values: list) -> Any:
         """Rebuild the space's structure from one value per leaf (in ``self.leaves`` order)."""
-        if self._unflatten_fn is None:
-            self._unflatten_fn = _unflatten_function(self.root)
-        return self._unflatten_fn(leaf_values)
+        return (self._unflatten_fn or self._make_unflatten())(leaf_values)
+
+    def _make_unflatten(self) -> Any:
+        self._unflatten_fn = _unflatten_function(self.root)
+        return self._unflatten_fn
 
     def to_native(self, unpacked: Any) -> Any:
         """Copies of the values the space itself produces (strings for Text, numpy scalars for Discrete)."""
