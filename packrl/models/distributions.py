@@ -49,7 +49,7 @@ class MultiCategorical:
         self.nvec, self.scalar = nvec, scalar
         self.batch = tuple(logits.shape[:-1])
         width = max(nvec)
-        if all(n == width for n in nvec):
+        if len(nvec) == 1 or all(n == width for n in nvec):
             padded = logits.reshape(self.batch + (len(nvec), width))
         else:
             pad = logits.new_full(self.batch + (1,), -math.inf)
@@ -256,7 +256,7 @@ class ActionSpec:
         if logits.shape[-1] != self.logits_size:
             raise EmulationError(f"{self.kind} action head needs logits of width {self.logits_size}, got shape {tuple(logits.shape)}")
         d, m = self.num_discrete, self.num_continuous
-        disc = MultiCategorical(logits[..., :d], self.nvec, scalar=self.kind == "discrete") if d else None
+        disc = MultiCategorical(logits if not m else logits[..., :d], self.nvec, scalar=self.kind == "discrete") if d else None
         cont = SquashedNormal(logits[..., d:d + m], logits[..., d + m:], self.bounds) if m else None
         if disc is not None and cont is not None:
             return Hybrid(disc, cont)

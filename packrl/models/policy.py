@@ -29,7 +29,7 @@ from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.encoders import LayoutEncoder
 from packrl.models.heads import Decoder
-from packrl.models.networks import State, make_network
+from packrl.models.networks import MLP, State, make_network
 
 
 class ActionMask(nn.Module):
@@ -140,8 +140,12 @@ class Policy(nn.Module):
         """Training over time: ``x (B, T, ...)`` -> ``(logits (B, T, L), values (B, T), state)``."""
         b, t = x.shape[:2]
         features, context = self.features(x.reshape((b * t,) + tuple(x.shape[2:])))
-        hidden, state = self.network.sequence(features.reshape(b, t, -1), state, done)
-        logits, values = self.heads(hidden.reshape(b * t, -1), context)
+        if type(self.network) is MLP:  # row-wise: no (B, T) round trip (each view is a node to backpropagate)
+            hidden, state = self.network.sequence(features, state, done)
+        else:
+            hidden, state = self.network.sequence(features.reshape(b, t, -1), state, done)
+            hidden = hidden.reshape(b * t, -1)
+        logits, values = self.heads(hidden, context)
         return logits.reshape(b, t, -1), values.reshape(b, t), state
 
     def distribution(self, logits: torch.Tensor) -> Any:

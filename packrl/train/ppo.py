@@ -306,7 +306,9 @@ class PPO:
                 newlogprob = dist_.log_prob(_index(b_actions, mb))
                 entropy = dist_.entropy()
                 logratio = newlogprob - b_logprobs[mb]
-                newvalue = newvalue.float().reshape(logratio.shape)
+                newvalue = newvalue.float()
+                if newvalue.shape != logratio.shape:
+                    newvalue = newvalue.reshape(logratio.shape)
                 if mask is not None:
                     logratio = torch.where(mask, logratio, 0.0)
                 ratio = logratio.exp()
