@@ -173,3 +173,25 @@ def test_fast_adam_step_equals_torch_fused_adam_bit_for_bit():
         p.grad = g.clone()
     again.step()  # the loaded state, not a stale cache
     assert again.state[ours[0]]["step"].item() == 7
+
+
+def test_host_staging_path_stores_what_the_numpy_path_stores():
+    """On CUDA, env arrays reach storage through host buffers (pinned there) and non-blocking copies; on
+    CPU through numpy views. Run on CPU with unpinned buffers, the staging path must fill storage exactly
+    as the numpy path does, episode starts, truncations and their final values included."""
+    def run(staging: bool) -> PPO:
+        env = vector.make(lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7), 3, seed=0)
+        torch.manual_seed(0)
+        ppo = PPO(env, Policy.from_env(env, hidden=8), PPOConfig(num_steps=12, seed=0))
+        if staging:
+            ppo._numpy = None
+            ppo._host = {k: torch.zeros(v.shape[1:], dtype=v.dtype) for k, v in ppo._slots.items()}
+        ppo.collect()
+        ppo.collect()
+        return ppo
+
+    a, b = run(False), run(True)
+    assert a.truncations.any() and a.starts[1:].any(), "episodes must end inside the rollout"
+    for name in ("obs", "masks", "starts", "rewards", "terminals", "truncations", "actions", "logprobs", "values",
+                 "final_values", "next_value"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
