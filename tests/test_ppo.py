@@ -175,6 +175,40 @@ def test_fast_adam_step_equals_torch_fused_adam_bit_for_bit():
     assert again.state[ours[0]]["step"].item() == 7
 
 
+def test_fast_adam_falls_back_to_torch_when_the_private_kernel_refuses(monkeypatch):
+    """A torch whose private fused kernel takes other arguments: the direct call fails once, the step
+    count is restored and torch's own step runs, for good; the weights still equal torch's fused Adam."""
+    from packrl.train.ppo import _FusedAdam
+
+    real = torch._fused_adam_
+    calls = {"all": 0, "refused": 0}
+
+    def refuse_direct_calls(*args, **kwargs):
+        calls["all"] += 1
+        if calls["all"] == 3:  # step 1: ours and the reference through torch; step 2: ours directly
+            calls["refused"] += 1
+            raise TypeError("_fused_adam_() got an unexpected keyword argument")
+        return real(*args, **kwargs)
+
+    gen = torch.Generator().manual_seed(1)
+    start = [torch.randn(4, 3, generator=gen), torch.randn(4, generator=gen)]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_ours = _FusedAdam(ours, lr=1e-2, eps=1e-5, fused=True)
+    opt_ref = torch.optim.Adam(ref, lr=1e-2, eps=1e-5, fused=True)
+    monkeypatch.setattr(torch, "_fused_adam_", refuse_direct_calls)
+    for _ in range(4):
+        grads = [torch.randn(t.shape, generator=gen) for t in start]
+        for opt, params in ((opt_ours, ours), (opt_ref, ref)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+    assert calls["refused"] == 1 and opt_ours._direct is False
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert opt_ours.state[ours[0]]["step"].item() == 4
+
+
 def test_host_staging_path_stores_what_the_numpy_path_stores():
     """On CUDA, env arrays reach storage through host buffers (pinned there) and non-blocking copies; on
     CPU through numpy views. Run on CPU with unpinned buffers, the staging path must fill storage exactly

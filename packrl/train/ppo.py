@@ -433,13 +433,19 @@ class _FusedAdam(torch.optim.Adam):
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
         torch._foreach_add_(steps, 1)
-        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
-                           beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], maximize=False,
-                           grad_scale=None, found_inf=None)
+        try:
+            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
+                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], maximize=False,
+                               grad_scale=None, found_inf=None)
+        except (TypeError, RuntimeError):
+            # a torch whose private kernel takes other arguments: undo the count, use torch's own step for good
+            torch._foreach_sub_(steps, 1)
+            self._direct = False
+            return super().step(closure)
         return None
 
     def _fast_lists(self) -> tuple | None:
-        if len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
+        if not getattr(self, "_direct", True) or len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
             return None
         group = self.param_groups[0]
         if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group.get("decoupled_weight_decay") \
