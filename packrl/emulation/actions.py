@@ -197,6 +197,8 @@ class ActionLayout:
             bad = (arr < 0) | (arr >= int(part.nvec))
             k = int(np.flatnonzero(bad)[0])
             raise EmulationError(f"action {arr[k]} is not a valid choice in [0, {int(part.nvec)}){who.format(k)}")
+        if int(part.start) == 0 and part.dtype == arr.dtype:
+            return list(arr)  # the commonest case: the choices are the native values
         return list((arr + int(part.start)).astype(part.dtype))
 
     def _split(self, action: Any, who: str) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from packrl.errors import EmulationError
 
 AGENT = "agent_0"
 _INT64 = np.dtype(np.int64)
+_NONE_ENDED = np.zeros(0, dtype=np.intp)
 
 
 class GymnasiumEmulation:
@@ -101,8 +102,9 @@ class GymnasiumEmulation:
         exactly these envs, in order). Same checks and bytes as calling ``step`` on each, but the
         observations are packed leaf by leaf across all envs (``Layout.pack_batch``): one stack
         and one check per leaf instead of one per leaf and env. ``actions``: one policy action per
-        env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info.
-        An exception raised by env k carries ``env_position = k``."""
+        env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info
+        and the positions of the envs whose episode ended. An exception raised by env k carries
+        ``env_position = k``."""
         first = envs[0]
         action_layout = first.emulated.action
         if action_layout.kind == "discrete" and isinstance(actions, np.ndarray):
@@ -125,10 +127,11 @@ class GymnasiumEmulation:
             rows["observations"][:] = first._codec.check(np.stack(observations), (), (len(envs),))[0]
         else:
             first.emulated.observation.pack_batch(list(observations), out=rows["observations"])
+        ended = _NONE_ENDED
         if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
             ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
             rows["final_observations"][ended] = rows["observations"][ended]
-        return list(infos)
+        return list(infos), ended
 
     def _write(self, obs: Any) -> None:
         if self.passthrough:

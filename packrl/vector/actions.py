@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from packrl.emulation.values import _any_outside
 from packrl.errors import EmulationError
+
+_INT64 = np.dtype(np.int64)
 
 
 def action_arrays(space: spaces.Space, rows: int) -> dict[str, tuple[tuple, np.dtype]]:
@@ -46,11 +49,17 @@ class ActionWriter:
         self.arrays = arrays
         self.agents_per_env = agents_per_env
         self.leaves = _leaves(space, "actions", ())
+        # a Discrete action space: its inclusive range, for the one-pass check of the commonest batch
+        self._choices = (int(space.start), int(space.start) + int(space.n) - 1) if isinstance(space, spaces.Discrete) else None
 
     def write(self, actions: Any, rows: Any, env_ids: np.ndarray) -> None:
         """Check ``actions`` (leading axis: one entry per row) and write them at ``rows``
         (a slice or an index array of the target rows)."""
         n = len(env_ids) * self.agents_per_env
+        if (self._choices is not None and actions.__class__ is np.ndarray and actions.shape == (n,)
+                and actions.dtype is _INT64 and n and not _any_outside(actions, *self._choices)):
+            self.arrays["actions"][rows] = actions
+            return
         checked = []
         for name, path, sub in self.leaves:
             value = _get(actions, path, self.space)

@@ -164,11 +164,10 @@ class _GymnasiumBlock:
             rows = self._rows[(lo, hi)] = {name: self.arrays[name][self.base + lo: self.base + hi] for name in BUFFERS[:-1]}
         try:
             actions = runner.actions[lo:hi] if self.choices is None else self.choices[self.base + lo: self.base + hi]
-            infos = GymnasiumEmulation.step_many(runner.envs[lo:hi], actions, rows)
+            infos, ended = GymnasiumEmulation.step_many(runner.envs[lo:hi], actions, rows)
         except Exception as err:
             runner.current = lo + getattr(err, "env_position", 0)
             raise
-        ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
         for k in ended:
             runner.current = lo + int(k)
             infos[k] = runner._reset_after_end(runner.envs[lo + k], infos[k])
