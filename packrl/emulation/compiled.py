@@ -5,9 +5,14 @@ layout packrl generates a module with two functions that mirror the space's stru
 
 - ``pack(sample, rows, r)``, plain Python: takes the leaves out of the nested Dicts and Tuples
   and hands them, untouched, to
-- ``_kernel(rows, r, *leaves)``, compiled by Numba for exactly the leaves' dtypes and ranks:
-  it checks every shape and every bounded integer leaf first, then copies all of them into row
-  ``r``. Nothing is written unless every leaf passed.
+- ``_kernel(rows, r, *leaves)``, compiled by Numba for exactly the leaves' dtypes and ranks,
+  C-contiguous (flat loops): it checks every shape and every bounded integer leaf first, then
+  copies all of them into row ``r`` and zeroes its padding. Nothing is written unless every leaf
+  passed. ``_kernel_any``, the same checks and copies with nested loops, is compiled the first
+  time a leaf arrives strided or read-only.
+
+``pack_many(samples, rows, first)`` does the same for a list, one kernel call per sample (a
+single call over tuples of samples measured no faster: the copies, not the calls, dominate).
 
 The compiled path only accepts, it never explains: anything unexpected (a list where an array
 was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
