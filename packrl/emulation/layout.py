@@ -150,7 +150,12 @@ class Layout:
             bound = self._bound(out)  # checks a buffer the first time it is seen
         if bound.batch:
             raise EmulationError(f"pack writes one row: expected 1-d rows, got shape {out.shape} (use pack_batch)")
-        bound.pack(sample)
+        fast = bound._fast
+        if fast is None or not fast(sample, bound._rows2d, 0):  # the compiled pack, once the layout is hot
+            if fast is None:
+                bound.pack(sample)
+            else:
+                bound.pack_slow(sample)
         return out
 
     # ------------------------------------------------------------ the compiled pack
@@ -307,6 +312,8 @@ class Layout:
         ref, bound = self._last_bound
         if ref is None or ref() is not buf:
             bound = self._bound(buf)  # checks a buffer the first time it is seen
+        if bound.copy_tree is not None:
+            return bound.copy_tree()
         return (self._unflatten_fn or self._make_unflatten())(bound.views)
 
     def unflatten(self, leaf_values: list) -> Any:
@@ -415,6 +422,11 @@ class BoundRows:
         self.batch = rows.shape[:-1]
         self.views = layout._make_views(rows, self.batch)
         self.tree = layout.unflatten(self.views)
+        # a Dict of plain leaves unpacks as a copy of this tree: the same views in a new dict, made in C
+        root = layout.root
+        plain = type(root) is DictNode and all(type(c) is LeafNode and type(c.codec).view is LeafCodec.view
+                                               for c in root.children)
+        self.copy_tree = self.tree.copy if plain else None
         # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
         self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous else None
         self._fast: Any = None
@@ -434,9 +446,13 @@ class BoundRows:
         if fast is None and self._rows2d is not None:
             fast = self._fast = self.layout._hot(1)
         if fast is None or not fast(sample, self._rows2d, 0):
-            self.pack_checked(sample)
-            for start, end in self.layout.gaps:  # the compiled pack zeroes them too
-                self.rows[..., start:end] = 0
+            self.pack_slow(sample)
+
+    def pack_slow(self, sample: Any) -> None:
+        """The checked Python path, padding included (the compiled pack zeroes it too)."""
+        self.pack_checked(sample)
+        for start, end in self.layout.gaps:
+            self.rows[..., start:end] = 0
 
     def pack_checked(self, sample: Any) -> None:
         """The Python path: walk the tree, check every leaf, then write them all."""
