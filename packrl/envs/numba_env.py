@@ -41,7 +41,7 @@ from numba.core import errors as numba_errors
 from numba.core.dispatcher import Dispatcher
 from numba.extending import overload
 
-from packrl._codegen import cache_dir, import_generated  # noqa: F401 - cache_dir is part of this module's API
+from packrl._codegen import import_generated
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf

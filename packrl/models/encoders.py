@@ -380,7 +380,6 @@ class LayoutEncoder(nn.Module):
         out = torch.relu(out)  # self.project[1], without a module call per step
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
 
-
     def _is_passthrough(self, x: torch.Tensor) -> bool:
         if torch.compiler.is_compiling():  # traced once per shape anyway; no dict for Dynamo to guard on
             return _is_passthrough(x, self.passthrough_leaf, self.passthrough_dtype)

@@ -185,7 +185,7 @@ class PPO:
     @torch.no_grad()
     def collect(self) -> dict[str, float]:
         """Fill storage with ``num_steps`` steps of every row."""
-        cfg, env, decoder, T = self.config, self.env, self.policy.decoder, self.config.num_steps
+        env, decoder, T = self.env, self.policy.decoder, self.config.num_steps
         start_time = time.perf_counter()
         for slots in (self._slots["obs"], self._slots["mask"], self._slots["start"]):
             slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
