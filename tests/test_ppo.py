@@ -90,6 +90,15 @@ def test_bf16_autocast_trains():
     assert any(not torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
 
 
+@pytest.mark.parametrize("answer, iterations", [(None, 4), (True, 4), (False, 1), (np.False_, 1), (np.True_, 4)])
+def test_callback_stops_training_on_a_false_answer(answer, iterations):
+    env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=0)
+    ppo = PPO(env, Policy.from_env(env, hidden=8), PPOConfig(num_steps=4, update_epochs=1, num_minibatches=1))
+    seen = []
+    history = ppo.train(4 * 2 * 4, lambda stats: seen.append(stats) or answer)
+    assert len(history) == len(seen) == iterations
+
+
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)

@@ -381,7 +381,8 @@ class PPO:
 
     def train(self, total_steps: int, callback: Callable[[dict], Any] | None = None) -> list[dict]:
         """Iterate until ``total_steps`` agent steps (all ranks). ``callback(stats)`` after each iteration;
-        returning False stops early. Returns the per-iteration stats."""
+        returning a false value other than None (``False``, ``np.False_``, 0) stops early; returning
+        nothing goes on. Returns the per-iteration stats."""
         cfg = self.config
         steps_per_iteration = cfg.num_steps * self.num_rows * self.world
         num_iterations = max(math.ceil(total_steps / steps_per_iteration), 1)
@@ -400,12 +401,17 @@ class PPO:
                 stats["episode_return"] = float(np.mean([r for r, _ in episodes]))
                 stats["episode_length"] = float(np.mean([n for _, n in episodes]))
             history.append(stats)
-            if callback is not None and callback(stats) is False:
+            if callback is not None and _stops(callback(stats)):
                 break
         return history
 
     def hyperparameters(self) -> dict:
         return asdict(self.config)
+
+
+def _stops(answer: Any) -> bool:
+    """A callback's answer asks to stop when it is false but not None (a numpy bool counts)."""
+    return answer is not None and not bool(answer)
 
 
 def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
