@@ -106,6 +106,32 @@ def test_compiled_pack_refuses_what_python_refuses_and_writes_nothing(case):
         assert layout.pack(sample, out=rows[0]).tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_hot_bound_row_refuses_like_the_python_path(case, monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+    layout = Layout.from_space(SPACE)
+    row = np.zeros(layout.nbytes, np.uint8)
+    bound = layout.bind(row)
+    bound.pack(good())
+    assert bound.pack.__name__ == "pack_bound", "a hot bound row packs through one generated call"
+    before = row.copy()
+    sample = good()
+    BAD[case](sample)
+    try:
+        expected, message = python_row(layout, sample), None
+    except EmulationError as err:
+        expected, message, context = None, str(err), type(err.__context__)
+    if message is None:
+        bound.pack(sample)
+        assert row.tobytes() == expected.tobytes()
+        return
+    with pytest.raises(EmulationError) as again:
+        bound.pack(sample)
+    assert str(again.value) == message
+    assert type(again.value.__context__) is context, "the refusal should not chain the compiled path's exception"
+    assert row.tobytes() == before.tobytes(), "a refused sample must not change the row"
+
+
 def test_exact_conversions_still_pass_through_the_python_path():
     layout = Layout.from_space(SPACE)
     layout.compiled_pack()

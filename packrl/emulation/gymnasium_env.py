@@ -13,6 +13,7 @@ from packrl.errors import EmulationError
 AGENT = "agent_0"
 _INT64 = np.dtype(np.int64)
 _NONE_ENDED = np.zeros(0, dtype=np.intp)
+MAX_TABLED_CHOICES = 4096
 
 
 class GymnasiumEmulation:
@@ -53,8 +54,10 @@ class GymnasiumEmulation:
         self._packer = None if self.passthrough else layout.bind(self.observations[0])
         action = self.emulated.action
         part = action.discrete_parts[0] if action.kind == "discrete" else None
-        # (n, start, dtype) of a Discrete action space: the commonest action decoded without a call
-        self._choice = None if part is None else (int(part.nvec), int(part.start), part.dtype.type)
+        # the native value of every choice of a small Discrete action space: the commonest action
+        # decoded by one lookup (building a NumPy scalar per step costs more than the rest of it)
+        self._natives = None if part is None or int(part.nvec) > MAX_TABLED_CHOICES else \
+            tuple(part.dtype.type(int(part.start) + i) for i in range(int(part.nvec)))
 
     def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
                     terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
@@ -78,19 +81,20 @@ class GymnasiumEmulation:
         return self.observations, info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        choice = self._choice
-        if (choice is not None and actions.__class__ is np.ndarray and actions.dtype is _INT64
-                and actions.size == 1 and 0 <= (c := actions.item()) < choice[0]):
-            native = choice[2](c + choice[1])
+        natives = self._natives
+        if (natives is not None and actions.__class__ is np.ndarray and actions.dtype is _INT64
+                and actions.size == 1 and 0 <= (c := actions.item()) < len(natives)):
+            native = natives[c]
         else:
             native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
-        if self._packer is not None:
-            self._packer.pack(obs)
-        else:
+        if self.passthrough:
             self._write(obs)
+        else:  # the packer's own attribute: it becomes the compiled pack once the layout is hot
+            self._packer.pack(obs)
         self.rewards[0] = reward
-        self.terminals[0], self.truncations[0] = terminated, truncated
+        self.terminals[0] = terminated
+        self.truncations[0] = truncated
         if terminated or truncated:
             self.final_observations[0] = self.observations[0]
         return self.observations, self.rewards, self.terminals, self.truncations, info

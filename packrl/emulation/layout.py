@@ -445,6 +445,8 @@ class BoundRows:
         fast = self._fast
         if fast is None and self._rows2d is not None:
             fast = self._fast = self.layout._hot(1)
+            if fast is not None:  # from now on one call: the compiled pack bound to this row
+                self.pack = self.layout._compiled.bind(self._rows2d, 0, self.pack_slow)
         if fast is None or not fast(sample, self._rows2d, 0):
             self.pack_slow(sample)
 
