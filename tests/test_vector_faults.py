@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -81,6 +82,35 @@ def test_serial_env_error_names_env_and_traceback():
     with pytest.raises(EnvError, match="(?s)env 3 raised.*scripted failure"):
         for _ in range(5):
             venv.step(np.zeros(4, np.int64))
+
+
+class WrongShapeAtStep2(gymnasium.Env):
+    """A Box observation; the env seeded 2 returns one element too many on its second step."""
+
+    observation_space = gymnasium.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.seed_, self.steps = seed, 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        size = 5 if self.seed_ == 2 and self.steps == 2 else 4
+        return np.zeros(size, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("backend", ["serial", "multiprocessing"])
+def test_a_wrong_observation_shape_names_the_env_and_the_shape(backend):
+    kwargs = {"num_workers": 1, "context": "fork"} if backend == "multiprocessing" else {}
+    venv = vector.make(WrongShapeAtStep2, 4, backend=backend, **kwargs)
+    venv.reset(seed=0)
+    venv.step(np.zeros(4, np.int64))
+    with pytest.raises(EnvError) as err:
+        venv.step(np.zeros(4, np.int64))
+    assert "env 2" in str(err.value) and "shape (5,)" in str(err.value)
+    venv.close()
 
 
 def test_failing_creator_is_reported_and_cleaned_up():

@@ -72,6 +72,18 @@ class Serial(VectorEnv):
         self._next = (b + 1) % len(self._pending)
         self._sent = True
 
+    def step(self, actions: Any) -> tuple:
+        """``send`` then ``recv`` for the one batch of every env, without the batch bookkeeping:
+        the same checks, state and results, and the whole arrays rather than views of them."""
+        self._require_sync("step")
+        if self._sent:
+            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+        self._actions.write(actions, slice(None), self._all_env_ids)
+        infos = [{} for _ in range(self.num_envs)]
+        for index, info in self._run(self._runner.step, 0, self.num_envs):
+            infos[index] = info
+        return self.observations, self.rewards, self.terminals, self.truncations, infos
+
     def _run(self, fn: Callable, *args: Any) -> list:
         try:
             return fn(*args)
