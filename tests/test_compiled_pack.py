@@ -193,3 +193,34 @@ def test_minigrid_through_the_compiled_pack_equals_the_raw_env(monkeypatch):
             obs, _ = env.reset(seed=t)
             raw_obs, _ = raw.reset(seed=t)
     assert layout._compiled and env._packer._fast is layout._compiled.pack
+
+
+def test_a_float32_signalling_nan_keeps_its_payload_in_a_0d_leaf(monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+    space = spaces.Dict({"a": spaces.Box(-1, 1, (), np.float32), "b": spaces.Box(-1, 1, (), np.float64)})
+    layout = Layout.from_space(space)
+    assert layout.compiled_pack()
+    snan32 = np.array(0x7F800015, np.uint32).view(np.float32)
+    snan64 = np.array(0x7FF0000000000015, np.uint64).view(np.float64)
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    for sample in ({"a": snan32, "b": snan64}, {"a": snan32[()], "b": snan64[()]}):  # 0-d arrays, NumPy scalars
+        assert layout.compiled_pack().pack(sample, rows, 0) is True, "the compiled path should take it"
+        assert rows[0].tobytes() == python_row(layout, sample).tobytes()
+        unpacked = layout.unpack(rows[0])
+        assert unpacked["a"].view(np.uint32) == 0x7F800015 and unpacked["b"].view(np.uint64) == 0x7FF0000000000015
+    row = np.zeros(layout.nbytes, np.uint8)
+    bound = layout.bind(row)
+    bound.pack({"a": snan32[()], "b": snan64[()]})
+    assert layout.unpack(row)["a"].view(np.uint32) == 0x7F800015
+
+
+def test_a_uint64_discrete_refuses_the_value_below_its_start():
+    layout = Layout.from_space(spaces.Discrete(10, start=2**63, dtype=np.uint64))
+    compiled = layout.compiled_pack()
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    # 2**63 - 1 and 2**63 are one float64: a comparison through float would let it in
+    for value in (2**63 - 1, np.int64(2**63 - 1), np.uint64(2**63 - 1), 2**63 + 10):
+        assert compiled.pack(value, rows, 0) is False and not rows.any()
+        with pytest.raises(EmulationError, match="outside Discrete"):
+            layout.pack(value)
+    assert layout.unpack(layout.pack(2**63 + 9)) == 2**63 + 9

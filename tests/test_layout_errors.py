@@ -250,3 +250,42 @@ def test_batch_errors_name_the_sample():
     del s2["obs"]["pos"]
     with pytest.raises(EmulationError, match="sample 1"):
         LAYOUT.pack_batch([s1, s2])
+
+
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_a_refused_batch_leaves_out_unchanged(mode, monkeypatch):
+    monkeypatch.setenv("PACKRL_COMPILE_PACK", mode)
+    layout = Layout.from_space(SPACE)
+    out = np.full((3, layout.nbytes), 7, np.uint8)
+    bad = good()
+    bad["obs"]["kind"] = 9
+    with pytest.raises(EmulationError, match=r"\['obs'\]\['kind'\]"):
+        layout.pack_batch([good(), good(), bad], out=out)
+    assert (out == 7).all(), "a refused batch must not change the rows it was given"
+    layout.pack_batch([good(), good(), good()], out=out)
+    assert out.tobytes() == layout.pack(good()).tobytes() * 3
+
+
+def test_python_ints_beyond_int64_are_exact_or_refused():
+    layout = Layout.from_space(spaces.Dict({"u": spaces.Box(0, 2**64 - 1, (2,), np.uint64),
+                                            "d": spaces.Discrete(4, start=2**63, dtype=np.uint64)}))
+    # NumPy reads [2**63 + 1, 0] as float64, where 2**63 + 1 becomes 2**63
+    row = layout.pack({"u": [2**63 + 1, 0], "d": 2**63 + 3})
+    assert layout.unpack(row)["u"].tolist() == [2**63 + 1, 0]
+    assert layout.unpack(layout.pack({"u": [2**64 - 1, 0.0], "d": 2**63}))["u"].tolist() == [2**64 - 1, 0]
+    batch = layout.pack_batch([{"u": [2**63 + 1, 1], "d": 2**63}, {"u": [5, 2**64 - 1], "d": 2**63 + 1}])
+    assert layout.unpack(batch)["u"].tolist() == [[2**63 + 1, 1], [5, 2**64 - 1]]
+    for value, words in [([2**64, 0], "does not fit uint64"), ([1.5, 0], "is not an integer"),
+                         ([-1, 2**63], "does not fit uint64")]:
+        with pytest.raises(EmulationError) as err:
+            layout.pack({"u": value, "d": 2**63})
+        assert "['u']" in str(err.value) and words in str(err.value)
+
+
+def test_malformed_batched_structures_are_named():
+    pair = Layout.from_space(spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3))))
+    for bad in ({"a": 1}, 5, (np.array([0]),)):
+        with pytest.raises(EmulationError, match="expected a tuple of 2 batched items"):
+            pair.pack_batch(bad)
+    with pytest.raises(EmulationError, match="a list of samples"):
+        LAYOUT.pack_batch((good(), good()))

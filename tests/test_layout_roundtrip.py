@@ -187,3 +187,10 @@ def test_zero_rows_and_empty_containers():
     assert views["a"].shape == (0, 2) and views["e"] == {} and views["t"] == ()
     assert layout.pack_batch([]).shape == (0, layout.nbytes)
     assert layout.unpack(layout.pack({"a": np.array([1, 9]), "e": {}, "t": ()}))["a"].tolist() == [1, 9]
+
+
+def test_a_batched_structure_whose_first_child_is_empty():
+    layout = Layout.from_space(spaces.Dict({"e": spaces.Tuple(()), "f": spaces.Dict({}), "x": spaces.Discrete(2)}))
+    rows = layout.pack_batch({"e": (), "f": {}, "x": np.array([0, 1])})
+    assert rows.shape == (2, layout.nbytes)
+    assert layout.unpack(rows)["x"].tolist() == [0, 1]

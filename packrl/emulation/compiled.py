@@ -157,6 +157,7 @@ class _Source:
             "_ndarray = np.ndarray",
             "_int = int",
             "_int64 = np.int64",
+            "_asarray = np.asarray",
             "_ready = False",
             "_off = False",
             "",
@@ -259,7 +260,18 @@ class _Source:
     def _leaf(self, node: Any, expr: str, path: tuple) -> None:
         codec, leaf_ids = node.codec, node.leaf_ids
         leaves = [self.layout.leaves[i] for i in leaf_ids]
-        in_kernel = codec.kind in CHECKED_IN_KERNEL and len(leaves) == 1 and leaves[0].dtype in _NUMBA_DTYPES
+        dtype = leaves[0].dtype
+        # a uint64 Discrete: its int64 scalar argument would meet uint64 bounds in a float comparison
+        in_kernel = (codec.kind in CHECKED_IN_KERNEL and len(leaves) == 1 and dtype in _NUMBA_DTYPES
+                     and not (codec.kind == "discrete" and dtype == np.uint64))
+        if in_kernel and leaves[0].shape == () and dtype.kind == "f":
+            # a float goes in as a 0-d array: as a scalar argument it would pass through a double,
+            # which quietens a float32 signalling NaN
+            exact = self._name("_scalar")
+            self.objects[exact] = dtype.type
+            self.py_checks.append(f"if {expr}.__class__ is {exact}: {expr} = _asarray({expr})")
+            self.fields.append((leaf_ids[0], expr, False))
+            return
         if in_kernel and leaves[0].shape == ():
             # scalars go in as scalars of an exact class only: Numba would cast a float to an int
             exact = self._name("_scalar")
@@ -392,9 +404,10 @@ class _Source:
     def _copy_lines(self, leaf: Any, dtype: np.dtype, a: str, scalar: bool, contiguous: bool) -> list[str]:
         typed = f"row.view(np.{dtype.name})"
         start = leaf.offset // dtype.itemsize
-        if scalar or not leaf.shape:
-            value = a if scalar else f"{a}[()]"
-            return [f"    {typed}[{start}] = {value}"]
+        if scalar:
+            return [f"    {typed}[{start}] = {a}"]
+        if not leaf.shape:  # a 0-d array, in any memory layout: its one element's bytes
+            return [f"    copy_bytes(row, {leaf.offset}, {a})"]
         dest = self._name("out")
         if contiguous:  # shape and dtype checked, so the bytes are exactly the leaf's
             return [f"    copy_bytes(row, {leaf.offset}, {a})"]

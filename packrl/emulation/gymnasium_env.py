@@ -104,7 +104,7 @@ class GymnasiumEmulation:
         """Step several emulated envs whose rows are consecutive in shared arrays (``rows``: the
         ``observations``, ``final_observations``, ``rewards``, ``terminals``, ``truncations`` of
         exactly these envs, in order). Same checks and bytes as calling ``step`` on each, but the
-        observations are packed leaf by leaf across all envs (``Layout.pack_batch``): one stack
+        observations are packed leaf by leaf across all envs (``Layout.pack_rows``): one stack
         and one check per leaf instead of one per leaf and env. ``actions``: one policy action per
         env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info
         and the positions of the envs whose episode ended. An exception raised by env k carries
@@ -130,7 +130,8 @@ class GymnasiumEmulation:
         if first.passthrough:
             rows["observations"][:] = _stacked(first._codec, observations)
         else:
-            first.emulated.observation.pack_batch(list(observations), out=rows["observations"])
+            # straight into the rows: if an observation is refused, the env fails and its rows are void
+            first.emulated.observation.pack_rows(list(observations), rows["observations"])
         ended = _NONE_ENDED
         if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
             ended = np.flatnonzero(rows["terminals"] | rows["truncations"])

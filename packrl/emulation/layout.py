@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.codecs import LeafCodec, codec_for
-from packrl.emulation.values import format_path
+from packrl.emulation.values import format_path, python_ints
 from packrl.errors import EmulationError
 
 
@@ -193,26 +193,48 @@ class Layout:
         batched structure (arrays with a leading N axis, as gymnasium's ``batch_space`` gives).
 
         A list is written leaf by leaf across all samples: one stack and one check per leaf, so
-        packing N samples costs far less than N calls of ``pack``."""
-        listed = isinstance(samples, list)
-        n = len(samples) if listed else self._batch_len(self.root, samples, ())
+        packing N samples costs far less than N calls of ``pack``. Nothing is written into ``out``
+        when a sample is refused: the rows are packed apart and copied into ``out`` once all passed."""
+        n = self._batch_size(samples)
         if out is None:
-            out = np.zeros((n, self.nbytes), dtype=np.uint8)
-        else:
-            self._check_buffer(out, batch_ndim=1)
-            if out.shape[0] != n:
-                raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
+            return self.pack_rows(samples, np.zeros((n, self.nbytes), dtype=np.uint8))
+        self._check_buffer(out, batch_ndim=1)
+        if out.shape[0] != n:
+            raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
+        out[...] = self.pack_rows(samples, np.empty((n, self.nbytes), dtype=np.uint8))
+        return out
+
+    def pack_rows(self, samples: Any, rows: np.ndarray) -> np.ndarray:
+        """``pack_batch`` straight into ``rows`` (``(N, nbytes)`` uint8, N the number of samples),
+        for a caller whose rows are worthless once a sample is refused (an env that fails): a
+        refusal may leave the rows of the samples before it written."""
+        listed = isinstance(samples, list)
+        n = self._batch_size(samples)
+        if rows.shape != (n, self.nbytes) or rows.dtype != np.uint8:
+            raise EmulationError(f"pack_rows: rows of shape {rows.shape} and dtype {rows.dtype} for {n} samples "
+                                 f"of {self.nbytes} bytes (expected ({n}, {self.nbytes}) uint8)")
         if listed and n:
             for start, end in self.gaps:
-                out[:, start:end] = 0
-            if self._hot(n) is not None and out.flags.c_contiguous and self._compiled.pack_many(samples, out, 0) == n:
-                return out
-        views = self._views(out)
+                rows[:, start:end] = 0
+            if self._hot(n) is not None and rows.flags.c_contiguous and self._compiled.pack_many(samples, rows, 0) == n:
+                return rows
+        views = self._views(rows)
         if listed:
             self._write_samples(self.root, samples, views, ())
         else:
+            for start, end in self.gaps:
+                rows[:, start:end] = 0
             self._apply(self._checked(self.root, samples, (), (n,), []), views)
-        return out
+        return rows
+
+    def _batch_size(self, samples: Any) -> int:
+        if isinstance(samples, list):
+            return len(samples)
+        if isinstance(samples, tuple) and type(self.root) is not TupleNode:
+            raise EmulationError("pack_batch takes a list of samples or one batched structure, got a tuple "
+                                 f"of {len(samples)} items (a list of samples?)")
+        n = self._batch_len(self.root, samples, ())
+        return 0 if n is None else n
 
     def bind(self, rows: np.ndarray) -> "BoundRows":
         """Precompute the views of a persistent buffer, for packing into it at no per-call view cost."""
@@ -294,12 +316,24 @@ class Layout:
         for leaf_id, arr in zip(node.leaf_ids, codec.check(_column_array(codec, column, path), path, (n,))):
             views[leaf_id][...] = arr
 
-    def _batch_len(self, node: Node, value: Any, path: tuple) -> int:
+    def _batch_len(self, node: Node, value: Any, path: tuple) -> int | None:
+        """The leading axis of a batched structure's first leaf; None where it holds no leaf."""
         if type(node) is DictNode:
             self._check_keys(node, value, path)
-            return self._batch_len(node.children[0], value[node.keys[0]], path + (node.keys[0],)) if node.keys else 0
-        if type(node) is TupleNode:
-            return self._batch_len(node.children[0], value[0], path + (0,)) if node.children else 0
+            children = zip(node.keys, node.children)
+        elif type(node) is TupleNode:
+            if not isinstance(value, (tuple, list)) or len(value) != len(node.children):
+                raise EmulationError(f"at {format_path(path)}: expected a tuple of {len(node.children)} batched "
+                                     f"items, got {type(value).__name__}")
+            children = enumerate(node.children)
+        else:
+            children = None
+        if children is not None:  # the first child that holds a leaf (an empty Dict or Tuple holds none)
+            for key, child in children:
+                n = self._batch_len(child, value[key], path + (key,))
+                if n is not None:
+                    return n
+            return None
         shape = np.shape(value)
         if not shape:
             raise EmulationError(f"leaf {format_path(path)}: a batched structure needs a leading batch axis")
@@ -504,6 +538,12 @@ def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
         arr = np.array(column)
     except ValueError:
         arr = None
+    field = codec.fields[0]
+    if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1:
+        # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
+        exact = python_ints(column, field.dtype, (len(column), *field.shape), path)
+        if exact is not None:
+            return exact
     if arr is not None and arr.dtype != object and arr.shape[1:] == np.shape(column[0]):
         return arr
     shapes = [np.shape(v) for v in column]

@@ -7,6 +7,7 @@ survives the conversion unchanged (2.0 into int64 yes, 2.5 no; 255 into uint8 ye
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numba
@@ -77,12 +78,46 @@ def as_numeric_array(value: Any, path: tuple) -> np.ndarray:
 
 def exact_array(value: Any, dtype: np.dtype, shape: tuple, path: tuple, round_floats: bool = False) -> np.ndarray:
     """Return ``value`` as an array of ``dtype`` and ``shape``, refusing any lossy conversion."""
+    if type(value) is not np.ndarray and np.dtype(dtype).kind in "iu" and isinstance(value, (list, tuple)):
+        arr = python_ints(value, np.dtype(dtype), shape, path)
+        if arr is not None:
+            return arr
     arr = as_numeric_array(value, path)
     if arr.shape != shape:
         raise EmulationError(f"leaf {format_path(path)}: shape {arr.shape} does not match the space's {shape}")
     if arr.dtype == dtype:
         return arr
     return convert_exactly(arr, dtype, path, round_floats)
+
+
+def python_ints(value: list | tuple, dtype: np.dtype, shape: tuple, path: tuple) -> np.ndarray | None:
+    """A nested list of numbers for an integer leaf, converted element by element when NumPy
+    would read it as float64 (an int beyond int64 beside a smaller one, or floats): through float64,
+    2**63 + 1 would become 2**63. None when NumPy reads it exactly (the common case)."""
+    try:
+        arr = np.asarray(value)
+    except (OverflowError, ValueError, TypeError):
+        arr = None
+    if arr is None or arr.dtype.kind in "biu":
+        return None  # read exactly, or not at all (the caller's check says why)
+    objs = arr if arr.dtype == object else np.asarray(value, dtype=object)
+    if objs.shape != shape:
+        return None
+    info = np.iinfo(dtype)
+    out = np.empty(shape, dtype)
+    for idx, x in np.ndenumerate(objs):
+        if isinstance(x, (bool, int, np.bool_, np.integer)):
+            v = int(x)
+        elif isinstance(x, (float, np.floating)) and math.isfinite(x) and float(x).is_integer():
+            v = int(x)
+        else:
+            raise EmulationError(f"leaf {format_path(path)}: value {x!r} at index {idx} is not an integer; "
+                                 f"the leaf's dtype is {dtype} and packrl never casts with loss")
+        if not info.min <= v <= info.max:
+            raise EmulationError(f"leaf {format_path(path)}: value {x!r} at index {idx} does not fit {dtype} "
+                                 f"[{info.min}, {info.max}]")
+        out[idx] = v
+    return out
 
 
 def convert_exactly(arr: np.ndarray, dtype: np.dtype, path: tuple, round_floats: bool = False) -> np.ndarray:
