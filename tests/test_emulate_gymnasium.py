@@ -198,6 +198,25 @@ def test_action_encode_decode_are_exact_inverses(space):
         assert act.policy_space.contains(act.encode(native))
 
 
+def test_uint64_actions_beyond_int64_decode_and_encode_exactly():
+    space = spaces.Dict({
+        "m": spaces.MultiDiscrete(np.array([3, 4], np.uint64), dtype=np.uint64,
+                                  start=np.array([2**64 - 10, 5], np.uint64)),
+        "b": spaces.Box(2**64 - 5, 2**64 - 1, (2,), np.uint64),
+        "d": spaces.Discrete(5, start=2**64 - 5, dtype=np.uint64),
+    })
+    act = ActionLayout(space)
+    native = {"m": np.array([2**64 - 8, 8], np.uint64), "b": np.array([2**64 - 5, 2**64 - 1], np.uint64),
+              "d": np.uint64(2**64 - 1)}
+    policy = act.encode(native)
+    assert policy.tolist() == [0, 4, 4, 2, 3]  # gymnasium sorts the keys: b, d, m
+    back = act.decode(policy)
+    assert act.layout.pack(back).tobytes() == act.layout.pack(native).tobytes()
+    assert back["m"].dtype == back["b"].dtype == np.uint64 and int(back["d"]) == 2**64 - 1
+    single = ActionLayout(spaces.Discrete(5, start=2**64 - 5, dtype=np.uint64))
+    assert [int(v) for v in single.decode_choices(np.array([0, 4]))] == [2**64 - 5, 2**64 - 1]
+
+
 def test_action_with_huge_integer_box_is_refused():
     with pytest.raises(EmulationError, match=r"\['x'\]"):
         ActionLayout(spaces.Dict({"x": spaces.Box(0, 2**40, (1,), np.int64)}))

@@ -80,7 +80,7 @@ class ActionLayout:
         if codec.kind == "discrete":
             self.discrete_parts.append(DiscretePart(path, (), dtype, np.array(codec.start), np.array(codec.n), first_d))
         elif codec.kind == "multidiscrete":
-            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, codec.start.astype(np.int64),
+            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, _exact_ints(codec.start, dtype),
                                                     codec.nvec.astype(np.int64), first_d))
         elif codec.kind == "multibinary":
             shape = codec.shape
@@ -93,7 +93,7 @@ class ActionLayout:
                 raise EmulationError(
                     f"action leaf {format_path(path)}: integer Box with {max(n.reshape(-1))} choices per element "
                     f"cannot be a discrete branch (at most {MAX_BRANCH}); narrow its bounds")
-            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, np.asarray(space.low).astype(np.int64),
+            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, _exact_ints(space.low, dtype),
                                                     n.astype(np.int64), first_d))
         elif codec.kind == "box":
             self.continuous_parts.append(ContinuousPart(path, codec.shape, dtype, np.asarray(space.low, dtype=np.float64),
@@ -141,7 +141,8 @@ class ActionLayout:
         cont = np.zeros(self.num_continuous, self.continuous_dtype)
         for part in self.discrete_parts:
             value = _get(leaves, part.path)
-            disc[part.first: part.first + part.nvec.size] = (np.asarray(value).astype(np.int64) - part.start).reshape(-1)
+            value = np.asarray(value).astype(object if part.dtype.kind == "u" else np.int64)
+            disc[part.first: part.first + part.nvec.size] = np.asarray(value - part.start).astype(np.int64).reshape(-1)
         for part in self.continuous_parts:
             value = np.asarray(_get(leaves, part.path))
             cont[part.first: part.first + value.size] = value.reshape(-1)
@@ -199,6 +200,8 @@ class ActionLayout:
             raise EmulationError(f"action {arr[k]} is not a valid choice in [0, {int(part.nvec)}){who.format(k)}")
         if int(part.start) == 0 and part.dtype == arr.dtype:
             return list(arr)  # the commonest case: the choices are the native values
+        if part.dtype.kind == "u":  # a uint64 start may not fit int64
+            return list((arr.astype(object) + int(part.start)).astype(part.dtype))
         return list((arr + int(part.start)).astype(part.dtype))
 
     def _split(self, action: Any, who: str) -> tuple[np.ndarray, np.ndarray]:
@@ -227,6 +230,13 @@ class ActionLayout:
 
     def __repr__(self) -> str:
         return f"ActionLayout({self.kind}, nvec={self.nvec.tolist()}, continuous={self.num_continuous}, native={self.space})"
+
+
+def _exact_ints(values: Any, dtype: np.dtype) -> np.ndarray:
+    """Per-element native values of choice 0: int64, or Python ints for an unsigned leaf (a uint64
+    start beyond 2**63 does not fit int64)."""
+    arr = np.asarray(values)
+    return arr.astype(object) if dtype.kind == "u" else arr.astype(np.int64)
 
 
 def _get(tree: Any, path: tuple) -> Any:
