@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packrl.emulation.layout import Layout
+from packrl.emulation.layout import Layout, LeafNode
 from packrl.errors import NativizeError
 
 
@@ -19,7 +19,13 @@ def nativize(x: Any, layout: Layout) -> Any:
     """Views of rows ``x`` (``(..., nbytes)`` uint8) in ``layout``'s structure, leaf dtypes exact.
 
     Scalar leaves come back shaped ``(*batch,)``. A non-uint8 tensor is refused: packed bytes
-    that went through ``torch.Tensor(obs)`` (a float32 cast) no longer hold the leaves."""
+    that went through ``torch.Tensor(obs)`` (a float32 cast) no longer hold the leaves.
+
+    The layout of a plain Box also takes the Box's own rows (what ``emulate`` passes through for
+    a Box observation: its dtype, shape ``(..., *box.shape)``) and returns them as they are."""
+    box = _plain_box(layout)
+    if box is not None and _is_box_rows(x, *box):
+        return x
     if isinstance(x, np.ndarray):
         _check(x.dtype == np.uint8, x.dtype, tuple(x.shape), layout)
         return layout.unpack(x)
@@ -37,10 +43,30 @@ def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch
     return x[..., start:end].view(dtype).view(batch + shape)
 
 
+def _plain_box(layout: Layout) -> tuple[np.dtype, tuple] | None:
+    """(dtype, shape) when the layout is one Box leaf, else None."""
+    root = layout.root
+    if type(root) is LeafNode and root.codec.kind == "box" and len(layout.leaves) == 1:
+        return layout.leaves[0].dtype, tuple(layout.leaves[0].shape)
+    return None
+
+
+def _is_box_rows(x: Any, dtype: np.dtype, shape: tuple) -> bool:
+    if isinstance(x, np.ndarray):
+        same_dtype = x.dtype == dtype
+    elif isinstance(x, torch.Tensor):
+        same_dtype = x.dtype == TORCH_DTYPES[dtype.name]
+    else:
+        return False
+    return same_dtype and x.ndim >= len(shape) and tuple(x.shape[x.ndim - len(shape):]) == shape
+
+
 def _check(is_uint8: bool, dtype: Any, shape: tuple, layout: Layout) -> None:
     if not is_uint8:
+        box = _plain_box(layout)
+        also = "" if box is None else f" (or this Box's own rows: dtype {box[0]}, shape (..., {', '.join(map(str, box[1]))}))"
         raise NativizeError(
-            f"nativize needs uint8 rows, got dtype {dtype}. Packed rows must stay bytes: "
+            f"nativize needs uint8 rows{also}, got dtype {dtype} and shape {shape}. Packed rows must stay bytes: "
             "torch.Tensor(obs) casts to float32 and destroys them; use torch.from_numpy(obs) or torch.as_tensor(obs)")
     if len(shape) < 1 or shape[-1] != layout.nbytes:
         raise NativizeError(f"nativize needs rows of {layout.nbytes} bytes (the layout's nbytes), got shape {shape}")

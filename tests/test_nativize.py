@@ -1,12 +1,14 @@
 """nativize under torch.compile(fullgraph=True), on CPU and (when present) CUDA."""
 from __future__ import annotations
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
-from packrl.emulation import Layout
+from packrl import NativizeError
+from packrl.emulation import Layout, emulate
 from packrl.nativize import nativize
 
 SPACE = spaces.Dict({
@@ -90,3 +92,18 @@ def test_cuda_views_are_exact_and_compile():
         assert g.device.type == "cuda" and g.dtype == c.dtype
         assert torch.equal(g.cpu().view(torch.uint8) if g.dtype == torch.bool else g.cpu(),
                            c.view(torch.uint8) if c.dtype == torch.bool else c)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_plain_box_layout_takes_the_rows_emulate_passes_through(env_id):
+    env = emulate(gymnasium.make(env_id))
+    env.reset(seed=0)
+    layout = env.emulated.observation
+    rows = torch.from_numpy(env.observations)  # the Box itself (float32), not packed bytes
+    assert nativize(rows, layout) is rows and nativize(env.observations, layout) is env.observations
+    compiled = torch.compile(lambda x: nativize(x, layout) * 2, fullgraph=True)
+    assert torch.equal(compiled(rows), rows * 2)
+    with pytest.raises(NativizeError, match="this Box's own rows: dtype float32"):
+        nativize(rows.double(), layout)
+    packed = torch.from_numpy(layout.pack_batch(list(env.observations)))  # packed bytes work too
+    assert torch.equal(nativize(packed, layout), rows)
