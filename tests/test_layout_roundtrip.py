@@ -8,6 +8,7 @@ from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 
+from packrl import EmulationError
 from packrl.emulation import Layout, TextView
 from packrl.nativize import nativize
 from spaces_strategies import deep_spaces, extreme, nested_spaces, sample as draw
@@ -194,3 +195,16 @@ def test_a_batched_structure_whose_first_child_is_empty():
     rows = layout.pack_batch({"e": (), "f": {}, "x": np.array([0, 1])})
     assert rows.shape == (2, layout.nbytes)
     assert layout.unpack(rows)["x"].tolist() == [0, 1]
+
+
+def test_numpy_scalar_dict_keys_round_trip_and_odd_keys_are_named():
+    space = spaces.Dict({np.int64(3): spaces.Discrete(2), "a": spaces.Dict({np.int64(7): spaces.Box(0, 1, (2,), np.float32)})})
+    layout = Layout.from_space(space)
+    space.seed(0)
+    sample = space.sample()
+    unpacked = layout.unpack(layout.pack(sample))
+    assert list(unpacked) == [np.int64(3), "a"] and np.array_equal(unpacked["a"][7], sample["a"][np.int64(7)])
+    again = Layout.from_json(layout.to_json())
+    assert again == layout and again.pack(sample).tobytes() == layout.pack(sample).tobytes()
+    with pytest.raises(EmulationError, match=r"at \['x'\]: Dict key frozenset"):
+        Layout.from_space(spaces.Dict({"x": spaces.Dict({frozenset([1]): spaces.Discrete(2)})}))

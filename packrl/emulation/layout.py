@@ -618,16 +618,21 @@ def iter_leaf_nodes(node: Node, path: tuple = ()) -> Iterator[tuple[tuple, LeafN
             yield from iter_leaf_nodes(c, path + (i,))
 
 
-def _encode_key(key: Any) -> Any:
-    if isinstance(key, bool) or key is None:
-        return {"const": key}
-    if isinstance(key, (str, int)):
-        return {"str" if isinstance(key, str) else "int": key}
-    if isinstance(key, float):
-        return {"float": key}
+def _encode_key(key: Any, path: tuple = ()) -> Any:
+    """A Dict key as JSON. NumPy scalar keys are written as the Python value they equal (and hash
+    like), so a layout read back looks its keys up the same way."""
+    if isinstance(key, (bool, np.bool_)) or key is None:
+        return {"const": None if key is None else bool(key)}
+    if isinstance(key, str):
+        return {"str": str(key)}
+    if isinstance(key, (int, np.integer)):
+        return {"int": int(key)}
+    if isinstance(key, (float, np.floating)):
+        return {"float": float(key)}
     if isinstance(key, tuple):
-        return {"tuple": [_encode_key(k) for k in key]}
-    raise EmulationError(f"Dict key {key!r} of type {type(key).__name__} cannot be written to JSON")
+        return {"tuple": [_encode_key(k, path) for k in key]}
+    raise EmulationError(f"at {format_path(path)}: Dict key {key!r} of type {type(key).__name__} cannot be written "
+                         "to JSON; use str, int, float, bool, None or tuples of them")
 
 
 def _decode_key(obj: dict) -> Any:
@@ -635,12 +640,12 @@ def _decode_key(obj: dict) -> Any:
     return tuple(_decode_key(k) for k in value) if tag == "tuple" else value
 
 
-def _tree_to_dict(node: Node) -> dict:
+def _tree_to_dict(node: Node, path: tuple = ()) -> dict:
     if type(node) is LeafNode:
         return {"leaf": node.codec.spec()}
     if type(node) is DictNode:
-        return {"dict": [[_encode_key(k), _tree_to_dict(c)] for k, c in zip(node.keys, node.children)]}
-    return {"tuple": [_tree_to_dict(c) for c in node.children]}
+        return {"dict": [[_encode_key(k, path), _tree_to_dict(c, path + (k,))] for k, c in zip(node.keys, node.children)]}
+    return {"tuple": [_tree_to_dict(c, path + (i,)) for i, c in enumerate(node.children)]}
 
 
 def _tree_from_dict(obj: dict, path: tuple, codecs: list) -> Node:
