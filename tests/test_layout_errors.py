@@ -289,3 +289,14 @@ def test_malformed_batched_structures_are_named():
             pair.pack_batch(bad)
     with pytest.raises(EmulationError, match="a list of samples"):
         LAYOUT.pack_batch((good(), good()))
+
+
+def test_a_float64_nan_payload_float32_cannot_hold_is_refused():
+    layout = Layout.from_space(spaces.Box(-np.inf, np.inf, (2,), np.float32))
+    payload = np.array([0x7FF0000000000015, 0], np.uint64).view(np.float64)
+    with pytest.raises(EmulationError, match="NaN whose payload float32 cannot hold"):
+        layout.pack(payload)
+    plain = layout.unpack(layout.pack(np.array([np.nan, -np.nan])))  # the common NaNs narrow exactly
+    assert plain.view(np.uint32).tolist() == [0x7FC00000, 0xFFC00000]
+    rounding = Layout.from_space(spaces.Box(-np.inf, np.inf, (2,), np.float32), round_floats=True)
+    assert np.isnan(rounding.unpack(rounding.pack(payload))[0])

@@ -151,9 +151,15 @@ def convert_exactly(arr: np.ndarray, dtype: np.dtype, path: tuple, round_floats:
         overflow = np.isinf(cast) & np.isfinite(arr)
         _refuse_if(overflow, arr, dst, path, f"overflows {dst}")
         if not round_floats:
+            back = cast.astype(src)
             with np.errstate(invalid="ignore"):
-                changed = (cast.astype(src) != arr) & ~np.isnan(arr)
+                changed = (back != arr) & ~np.isnan(arr)
             _refuse_if(changed, arr, dst, path, f"would be rounded to {dst} (pass round_floats=True to allow)")
+            nan = np.isnan(arr)
+            if nan.any():  # a NaN's payload bits must survive too
+                bits = np.dtype(f"u{src.itemsize}")
+                lost = nan & (back.view(bits) != arr.view(bits))
+                _refuse_if(lost, arr, dst, path, f"is a NaN whose payload {dst} cannot hold (pass round_floats=True to allow)")
         return cast
     raise EmulationError(f"leaf {format_path(path)}: unsupported target dtype {dst}")
 
