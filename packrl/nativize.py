@@ -24,8 +24,8 @@ def nativize(x: Any, layout: Layout) -> Any:
     The layout of a plain Box also takes the Box's own rows (what ``emulate`` passes through for
     a Box observation: its dtype, shape ``(..., *box.shape)``) and returns them as they are."""
     box = _plain_box(layout)
-    if box is not None and _is_box_rows(x, *box):
-        return x
+    if box is not None and _is_box_rows(x, *box) and not _packed_shape(x, layout):
+        return x  # uint8 rows of nbytes stay packed rows: for a uint8 Box the readings differ only when it is 0-d
     if isinstance(x, np.ndarray):
         _check(x.dtype == np.uint8, x.dtype, tuple(x.shape), layout)
         return layout.unpack(x)
@@ -49,6 +49,11 @@ def _plain_box(layout: Layout) -> tuple[np.dtype, tuple] | None:
     if type(root) is LeafNode and root.codec.kind == "box" and len(layout.leaves) == 1:
         return layout.leaves[0].dtype, tuple(layout.leaves[0].shape)
     return None
+
+
+def _packed_shape(x: Any, layout: Layout) -> bool:
+    uint8 = x.dtype == (np.uint8 if isinstance(x, np.ndarray) else torch.uint8)
+    return uint8 and x.ndim >= 1 and x.shape[-1] == layout.nbytes
 
 
 def _is_box_rows(x: Any, dtype: np.dtype, shape: tuple) -> bool:

@@ -208,3 +208,13 @@ def test_numpy_scalar_dict_keys_round_trip_and_odd_keys_are_named():
     assert again == layout and again.pack(sample).tobytes() == layout.pack(sample).tobytes()
     with pytest.raises(EmulationError, match=r"at \['x'\]: Dict key frozenset"):
         Layout.from_space(spaces.Dict({"x": spaces.Dict({frozenset([1]): spaces.Discrete(2)})}))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.bool_, np.float32, np.float64])
+def test_to_native_gives_what_box_sample_gives_for_a_0d_box(dtype):
+    space = spaces.Box(0, 1, (), dtype)
+    space.seed(0)
+    sample = space.sample()
+    layout = Layout.from_space(space)
+    native = layout.to_native(layout.unpack(layout.pack(sample)))
+    assert type(native) is type(sample) and native.dtype == sample.dtype and native == sample

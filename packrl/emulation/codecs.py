@@ -189,6 +189,11 @@ class BoxCodec(LeafCodec):
             self.range.refuse(arr, path, self.outside_message)
         return (arr,)
 
+    def to_native(self, unpacked: Any) -> Any:
+        # as gymnasium's Box.sample: a NumPy scalar for a 0-d integer or bool Box, a 0-d array for a float one
+        arr = np.array(unpacked)
+        return arr[()] if arr.ndim == 0 and self.dtype.kind in "biu" else arr
+
 
 # ---------------------------------------------------------------- Discrete
 
