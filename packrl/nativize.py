@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packrl.emulation.layout import Layout, LeafNode
+from packrl.emulation.layout import WIDER_ROWS_HINT, Layout, LeafNode
 from packrl.errors import NativizeError
 
 
@@ -74,7 +74,8 @@ def _check(is_uint8: bool, dtype: Any, shape: tuple, layout: Layout) -> None:
             f"nativize needs uint8 rows{also}, got dtype {dtype} and shape {shape}. Packed rows must stay bytes: "
             "torch.Tensor(obs) casts to float32 and destroys them; use torch.from_numpy(obs) or torch.as_tensor(obs)")
     if len(shape) < 1 or shape[-1] != layout.nbytes:
-        raise NativizeError(f"nativize needs rows of {layout.nbytes} bytes (the layout's nbytes), got shape {shape}")
+        raise NativizeError(f"nativize needs rows of {layout.nbytes} bytes (the layout's nbytes), got shape {shape}"
+                            f"{WIDER_ROWS_HINT if len(shape) and shape[-1] > layout.nbytes else ''}")
 
 
 TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -195,3 +195,38 @@ def test_vector_backend_resets_a_finished_pettingzoo_episode_in_the_same_step():
     assert vec.masks.all(), "the next episode's first observations are in place"
     assert obs.any() and vec.final_observations.any()
     vec.close()
+
+
+def test_torch_actions_are_taken_like_numpy_ones():
+    import torch
+
+    env = emulate(pursuit_v5.parallel_env(max_cycles=20))
+    twin = emulate(pursuit_v5.parallel_env(max_cycles=20))
+    env.reset(seed=3)
+    twin.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        actions = rng.integers(0, 5, env.num_agents)
+        env.step(torch.from_numpy(actions))
+        twin.step(actions)
+        np.testing.assert_array_equal(env.observations, twin.observations)
+    act = env.emulated.action_for(0)
+    assert act.decode(torch.tensor(3)) == act.decode(np.int64(3))
+
+
+def test_rows_wider_than_a_groups_layout_point_to_rows_for():
+    import torch
+
+    from packrl import NativizeError
+    from packrl.nativize import nativize
+
+    env = emulate(simple_adversary_v3.parallel_env())
+    env.reset(seed=0)
+    layout = env.emulated.observation
+    with pytest.raises(NativizeError, match="rows_for"):
+        nativize(torch.from_numpy(env.observations), layout)
+    with pytest.raises(EmulationError, match="rows_for"):
+        layout.unpack(env.observations)
+    group = env.emulated.groups[0]
+    views = nativize(torch.from_numpy(env.emulated.rows_for(env.observations, group)), group.observation)
+    assert views.shape[0] == len(group.rows)

@@ -161,6 +161,7 @@ class ActionLayout:
         """Policy-facing action -> native action, with ``start`` restored and each leaf's own dtype.
         Out-of-range choices or out-of-bounds continuous values raise EmulationError (``who`` names
         the agent or env in the message)."""
+        action = _host_arrays(action)
         if self.kind == "discrete" and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             return self._decode_choice(int(action), who)
         disc, cont = self._split(action, who)
@@ -230,6 +231,15 @@ class ActionLayout:
 
     def __repr__(self) -> str:
         return f"ActionLayout({self.kind}, nvec={self.nvec.tolist()}, continuous={self.num_continuous}, native={self.space})"
+
+
+def _host_arrays(action: Any) -> Any:
+    """Torch tensors (a policy's output, on any device) as numpy arrays, inside a hybrid dict too."""
+    if isinstance(action, dict):
+        return {k: _host_arrays(v) for k, v in action.items()}
+    if hasattr(action, "detach") and hasattr(action, "cpu"):
+        return action.detach().cpu().numpy()
+    return action
 
 
 def _exact_ints(values: Any, dtype: np.dtype) -> np.ndarray:

@@ -386,7 +386,8 @@ class Layout:
         if buf.dtype != np.uint8:
             raise EmulationError(f"rows must be uint8, got {buf.dtype} (a float cast of packed rows destroys them)")
         if buf.ndim < 1 or buf.shape[-1] != self.nbytes:
-            raise EmulationError(f"rows must have a last axis of {self.nbytes} bytes, got shape {buf.shape}")
+            wider = WIDER_ROWS_HINT if buf.ndim and buf.shape[-1] > self.nbytes else ""
+            raise EmulationError(f"rows must have a last axis of {self.nbytes} bytes, got shape {buf.shape}{wider}")
         if batch_ndim is not None and buf.ndim != batch_ndim + 1:
             raise EmulationError(f"expected {batch_ndim + 1}-d rows, got shape {buf.shape}")
         if buf.size and buf.shape[-1] > 1 and buf.strides[-1] != 1:
@@ -520,6 +521,9 @@ first time on a machine, then loaded from Numba's disk cache)."""
 
 MAX_COMPILED_LEAVES = 128
 """Layouts with more leaves stay on the Python path: the compile time grows with the leaves."""
+
+WIDER_ROWS_HINT = ("; rows of a multi-agent env whose agents' spaces differ are as wide as the widest: "
+                   "take one group's rows with env.emulated.rows_for(rows, group)")
 
 STACK_INTO_ROWS_BYTES = 1024
 """Leaves at least this large are stacked straight into the rows; smaller ones go through one
