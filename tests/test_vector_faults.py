@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from packrl import EnvError, vector
+from packrl import EmulationError, EnvError, vector
 from packrl.vector.testing import ScriptedEnv, SeededFailure
 
 SHM = Path("/dev/shm")
@@ -173,3 +173,118 @@ def test_interpreter_exit_without_close_leaves_nothing():
     pids, names = out.stdout.strip().split("|")
     assert "Traceback" not in out.stderr and "leaked" not in out.stderr, out.stderr
     assert_clean([int(p) for p in pids.split()], names.split())
+
+
+@pytest.mark.parametrize("context", ["forkserver", "spawn", "fork"])
+def test_workers_go_when_the_main_process_is_killed(context):
+    script = textwrap.dedent(f"""
+        import os, signal
+        import numpy as np
+        from packrl import vector
+        from packrl.vector.testing import ScriptedEnv
+        if __name__ == "__main__":
+            venv = vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=2, context="{context}")
+            venv.reset()
+            venv.step(np.zeros(4, np.int64))
+            print(" ".join(map(str, venv.worker_pids)), "|", " ".join(venv.shared_names), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pids, names = out.stdout.strip().split("|")
+    pids = [int(p) for p in pids.split()]
+    deadline = time.monotonic() + 10  # a worker notices within one blocking wait (1 s)
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], f"workers outlived the killed main process ({context})"
+
+
+@pytest.mark.parametrize("backend", ["serial", "multiprocessing"])
+def test_recv_before_any_reset_is_refused(backend):
+    kwargs = {"num_workers": 2, "context": "fork"} if backend == "multiprocessing" else {}
+    venv = vector.make(ScriptedEnv, 4, backend=backend, **kwargs)
+    with pytest.raises(EmulationError, match="before any reset"):
+        venv.recv()
+    venv.reset(seed=0)
+    assert venv.step(np.zeros(4, np.int64))[0].shape[0] == 4
+    venv.close()
+
+
+def test_serial_refuses_every_call_after_an_env_error():
+    venv = vector.make(SeededFailure, 4)
+    venv.reset(seed=0)
+    with pytest.raises(EnvError, match="env 3 raised"):
+        for _ in range(5):
+            venv.step(np.zeros(4, np.int64))
+    for call in (lambda: venv.step(np.zeros(4, np.int64)), lambda: venv.reset(seed=0)):
+        with pytest.raises(EnvError, match="failed earlier"):
+            call()
+    venv.close()
+
+
+CLOSED = []
+
+
+class CloseRaises(ScriptedEnv):
+    """The env seeded ``failing`` raises from close; every env records that close ran."""
+
+    failing = 1
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.seed_ = seed
+        return super().reset(seed=seed, options=options)
+
+    def close(self):
+        CLOSED.append(self.seed_)
+        if self.seed_ == self.failing:
+            raise OSError("close failed on purpose")
+
+
+class LastCloseRaises(CloseRaises):
+    failing = 3  # the main process steps envs 2 and 3 below
+
+
+def test_an_env_whose_close_raises_still_lets_everything_close():
+    CLOSED.clear()
+    venv = vector.make(CloseRaises, 4)
+    venv.reset(seed=0)
+    with pytest.raises(EnvError, match="env 1's close raised OSError"):
+        venv.close()
+    assert sorted(CLOSED) == [0, 1, 2, 3] and venv.closed
+    venv.close()  # closed already: nothing more to do
+    with pytest.raises(EnvError, match="closed"):
+        venv.step(np.zeros(4, np.int64))
+
+
+def test_an_env_whose_close_raises_in_the_main_share_leaves_nothing():
+    venv = vector.make(LastCloseRaises, 4, backend="multiprocessing", num_workers=1, main_envs=2, context="fork")
+    names, pids = our_names(venv), venv.worker_pids
+    venv.reset(seed=0)
+    venv.step(np.zeros(4, np.int64))
+    with pytest.raises(EnvError, match="close raised"):
+        venv.close()
+    assert venv.closed
+    assert_clean(pids, names)
+
+
+class UnpicklableInfo(ScriptedEnv):
+    """The env seeded 0 returns an info holding a lambda."""
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.seed_ = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, ({"f": lambda: 0} if self.seed_ == 0 else info)
+
+
+def test_an_info_that_cannot_travel_names_its_env():
+    venv = vector.make(UnpicklableInfo, 4, backend="multiprocessing", num_workers=2, main_envs=0, context="fork")
+    venv.reset(seed=0)
+    with pytest.raises(EnvError) as err:
+        venv.step(np.zeros(4, np.int64))
+    assert "env 0 raised" in str(err.value) and "must pickle" in str(err.value)
+    venv.close()

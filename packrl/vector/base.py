@@ -70,6 +70,16 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self._broken = message
         raise EnvError(message)
 
+    def close(self, **kwargs: Any) -> None:
+        """Close every env and release the workers and shared memory. The vector env is closed
+        even when an env's own ``close`` raises (that error is raised after the rest is released)."""
+        if self.closed:
+            return
+        try:
+            self.close_extras(**kwargs)
+        finally:
+            self.closed = True
+
     def _check_usable(self) -> None:
         if self.closed:
             raise EnvError("the vector env is closed")
@@ -100,7 +110,12 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self._actions = ActionWriter(spec.single_action_space, arrays, spec.agents_per_env)
         self._all_env_ids = np.arange(num_envs)
         self._seeded = False
+        self._started = False  # an async_reset (or reset) has been issued: recv has something to wait for
         self.closed = False
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise EmulationError("recv() before any reset: call reset() or async_reset() first")
 
     @property
     def synchronous(self) -> bool:
@@ -114,8 +129,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         return seed
 
     def _require_sync(self, what: str) -> None:
-        if self.closed:
-            raise EnvError("the vector env is closed")
+        self._check_usable()
         if not self.synchronous:
             raise EmulationError(f"{what}() steps every env at once; with batch_size={self.batch_size} < "
                                  f"num_envs={self.num_envs} use async_reset(), recv() and send()")

@@ -23,6 +23,7 @@ import pickle
 import signal
 import sys
 import time
+import warnings
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -135,7 +136,11 @@ class Multiprocessing(WorkerBackend):
         spec = EnvSpec.of(probe)
         main_block = [probe] if main_envs else []
         if not main_envs:
-            probe.close()
+            try:
+                probe.close()
+            except Exception as err:  # noqa: BLE001 - a throwaway env; the workers build their own
+                warnings.warn(f"packrl: closing the layout probe env raised {type(err).__name__}: {err}",
+                              RuntimeWarning, stacklevel=2)
         control = {"control": ((num_workers, 3), np.int64), "status": ((num_workers,), np.int64)}
         plan = plan_buffers(spec, num_envs, control)
         shm = Segment(plan.nbytes)
@@ -204,6 +209,7 @@ class Multiprocessing(WorkerBackend):
         self._check_usable()
         self._drain()
         seed = self._reset_seed(seed)
+        self._started = True
         for w in range(self.num_workers):
             self._command(w, RESET, seed)
         self._last = None
@@ -213,6 +219,7 @@ class Multiprocessing(WorkerBackend):
     def recv(self) -> Batch:
         """Wait for the first ``batch_size / envs_per_worker`` workers to finish; their batch."""
         self._check_usable()
+        self._check_started()
         if self._last is not None:
             raise EmulationError("recv() twice without send(): send the actions of the batch received first")
         workers = self._collect(self._batch_workers)
@@ -242,11 +249,12 @@ class Multiprocessing(WorkerBackend):
             self._main_infos = self._run_main(self._runner.step)
 
     def close_extras(self, **kwargs: Any) -> None:
-        self._finalizer()
-        if self._runner is not None:
-            self._runner.close()
-        # Named semaphores (spawn, forkserver) leave /dev/shm when their last reference goes.
-        self._done = None
+        try:
+            self._finalizer()
+            if self._runner is not None:
+                self._runner.close()
+        finally:  # named semaphores (spawn, forkserver) leave /dev/shm when their last reference goes
+            self._done = None
 
     # ------------------------------------------------------------ commands and replies
 
@@ -390,7 +398,9 @@ def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: lis
 def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle; it closes us
     _die_with_parent()
-    parent = os.getppid()
+    # The main process, also under forkserver (where the OS parent is the fork server): its
+    # sentinel reads end-of-file once the main process is gone, however it died.
+    parent = mp.parent_process()
     memory = attach_segment(args.segment, args.plan.nbytes)
     arrays = args.plan.views(memory)
     control, status, w = arrays["control"], arrays["status"], args.worker_id
@@ -419,10 +429,14 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                     infos = runner.step()
                 else:
                     infos = runner.reset(int(control[w, 2]) if control[w, 1] else None)
-                payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
             except Exception:
                 failure = runner.failure()
                 _reply(status, w, done, conn, FAILED, (failure.env_index, failure.text))
+                continue
+            try:
+                payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
+            except Exception:
+                _reply(status, w, done, conn, FAILED, _unpicklable(infos))
                 continue
             _reply(status, w, done, conn, DONE_INFO if payload else DONE, payload)
     finally:
@@ -431,6 +445,18 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 env.close()
             except Exception:  # closing must go on; the env's own error is not ours to report
                 pass
+
+
+def _unpicklable(infos: list) -> tuple[int, str]:
+    """(env index, text) of the first env whose info cannot travel to the main process."""
+    import traceback
+
+    for index, info in infos:
+        try:
+            pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return index, f"its info cannot be sent to the main process (it must pickle):\n{traceback.format_exc()}"
+    return infos[0][0], traceback.format_exc()
 
 
 def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: int, payload: Any) -> None:
@@ -444,16 +470,17 @@ def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: int, payload
         conn.send_bytes(payload)
 
 
-def _wait(sem: Any, spinner: "Spinner", parent: int) -> None:
+def _wait(sem: Any, spinner: "Spinner", parent: Any) -> None:
     if spinner.wait(sem):
         return
     while not sem.acquire(True, 1.0):
-        if os.getppid() != parent:  # orphaned: the main process died without closing us
+        if parent is not None and not parent.is_alive():  # orphaned: the main process died without closing us
             os._exit(0)
 
 
 def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker if its parent dies (even by SIGKILL)."""
+    """Linux: the kernel kills this worker if its OS parent dies (even by SIGKILL). Under
+    forkserver that parent is the fork server, so ``_wait`` watches the main process too."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes

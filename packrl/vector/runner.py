@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
-from packrl.errors import EmulationError
+from packrl.errors import EmulationError, EnvError
 from packrl.vector.actions import action_views
 
 BUFFERS = ("observations", "final_observations", "rewards", "terminals", "truncations", "masks")
@@ -133,8 +133,18 @@ class EnvRunner:
         return int(getattr(env, "num_envs", env.num_agents)) if getattr(env, "autoreset", False) else 1
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        """Close every env; if some env's own ``close`` raised, say which after closing the rest."""
+        errors = []
+        for k, env in enumerate(self.envs):
+            try:
+                env.close()
+            except Exception as err:  # noqa: BLE001 - the other envs must still be closed
+                errors.append((self.first + k, err))
+        if errors:
+            index, err = errors[0]
+            others = f" (and {len(errors) - 1} more envs)" if len(errors) > 1 else ""
+            raise EnvError(f"env {index}'s close raised {type(err).__name__}: {err}{others}; "
+                           "every env was closed all the same") from err
 
 
 class _GymnasiumBlock:

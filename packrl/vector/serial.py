@@ -36,8 +36,9 @@ class Serial(VectorEnv):
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env; ``recv`` then returns the batches in turn."""
-        self._check_open()
+        self._check_usable()
         infos = self._run(self._runner.reset, self._reset_seed(seed))
+        self._started = True
         self._pending = [[] for _ in self._pending]
         for index, info in infos:
             self._pending[index // self.batch_size].append((index, info))
@@ -45,7 +46,8 @@ class Serial(VectorEnv):
 
     def recv(self) -> Batch:
         """The next batch: its rows, flags, infos and env ids."""
-        self._check_open()
+        self._check_usable()
+        self._check_started()
         if not self._sent:
             raise EmulationError("recv() twice without send(): send the actions of the batch received first")
         b = self._next
@@ -59,7 +61,7 @@ class Serial(VectorEnv):
 
     def send(self, actions: Any) -> None:
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
-        self._check_open()
+        self._check_usable()
         if self._sent:
             raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
         b = self._next
@@ -89,12 +91,9 @@ class Serial(VectorEnv):
             return fn(*args)
         except Exception:
             failure: EnvFailure = self._runner.failure()
-            self._broken = failure
-            raise EnvError(f"serial backend, env {failure.env_index} raised:\n{failure.text}") from None
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise EnvError("the vector env is closed")
+            # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
+            self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
+            raise EnvError(self._broken) from None
 
     def close_extras(self, **kwargs: Any) -> None:
         self._runner.close()
