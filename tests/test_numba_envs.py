@@ -369,3 +369,20 @@ def test_kernels_that_do_not_compile_or_return_wrong_types_fail_at_build_naming_
         _box_env(_step_returning_ints.py_func)
     with pytest.raises(EnvError, match="no packrl env named 'cartpol'"):
         envs.make("cartpol")
+
+
+def test_the_batched_env_is_a_gymnasium_vector_env_and_refuses_use_after_close():
+    from packrl import vector
+    from packrl.vector.base import SAME_STEP
+
+    env = vector.make("cartpole", 4, backend="numba", seed=0)
+    assert isinstance(env, gymnasium.vector.VectorEnv) and env.num_envs == 4
+    assert env.observation_space.shape == (4, 4) and env.action_space.shape == (4,)
+    assert env.metadata["autoreset_mode"] == SAME_STEP
+    env.reset(seed=0)
+    env.step(np.zeros(4, np.int64))
+    env.close()
+    assert env.closed
+    for call in (lambda: env.step(np.zeros(4, np.int64)), lambda: env.reset(seed=0), env.recv):
+        with pytest.raises(EnvError, match="closed"):
+            call()

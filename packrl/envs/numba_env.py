@@ -33,9 +33,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+import gymnasium
 import numba
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import batch_space
 from numba import njit, types
 from numba.core import errors as numba_errors
 from numba.core.dispatcher import Dispatcher
@@ -47,6 +49,7 @@ from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
+from packrl.vector.base import SAME_STEP
 
 PARALLEL_MIN_ENVS = 1024
 """Below this many copies ``threads=None`` steps them in one serial loop. Measured with CartPole on
@@ -477,7 +480,7 @@ def compile_kernel(env_name: str, dispatcher: Dispatcher, args: tuple) -> Compil
 
 # ---------------------------------------------------------------- the batched env
 
-class BatchedNumbaEnv:
+class BatchedNumbaEnv(gymnasium.vector.VectorEnv):
     """``num_envs`` copies of a :class:`NumbaEnv`, stepped by one compiled call.
 
     Follows packrl's env protocol with ``autoreset = True``: a copy whose episode ends is reset
@@ -490,10 +493,12 @@ class BatchedNumbaEnv:
     ``episode_index``, ``episode_return`` and ``episode_length`` of those copies (off by default: it
     costs a few microseconds per step, as much as stepping 64 CartPoles). The same numbers are
     always in ``episode_returns`` / ``episode_lengths`` (rows where ``terminals | truncations``).
-    ``async_reset``/``send``/``recv`` are there for code written against vector envs.
+    ``async_reset``/``send``/``recv`` are there for code written against vector envs, and it is a
+    ``gymnasium.vector.VectorEnv`` (same-step autoreset).
     """
 
     autoreset = True
+    metadata = {"autoreset_mode": SAME_STEP}
 
     def __init__(self, env: NumbaEnv, num_envs: int, seed: int = 0, threads: int | None = None,
                  episode_infos: bool = False):
@@ -501,7 +506,7 @@ class BatchedNumbaEnv:
             raise EnvError(f"BatchedNumbaEnv takes a NumbaEnv, got {type(env).__name__}")
         if int(num_envs) < 1:
             raise EnvError(f"numba env {env.name!r}: num_envs must be >= 1, got {num_envs}")
-        self.spec, self.name = env, env.name
+        self.numba_env, self.name = env, env.name
         self.num_envs = self.num_agents = n = int(num_envs)
         self.seed = int(seed)
         self.episode_infos = bool(episode_infos)
@@ -516,6 +521,9 @@ class BatchedNumbaEnv:
             self.single_observation_space = spaces.Box(0, 255, (layout.nbytes,), np.uint8)
             obs_shape, obs_dtype = (layout.nbytes,), np.dtype(np.uint8)
         self.single_action_space = action.policy_space
+        self.observation_space = batch_space(self.single_observation_space, n)
+        self.action_space = batch_space(self.single_action_space, n)
+        self.closed = False
         self._action_kind = action.kind
         self._action_shapes = self._policy_shapes(action)
         single = action.kind != "hybrid"
@@ -628,6 +636,7 @@ class BatchedNumbaEnv:
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         """Reset every copy. ``seed`` seeds copy j with ``seed + j``; None seeds with the
         constructor's seed on the first reset and continues the streams afterwards."""
+        self._check_open()
         seeded = seed is not None or not self._seeded
         base = self.seed if seed is None else int(seed)
         failed = self._reset_kernel(np.int64(base), seeded, *self._reset_tail)
@@ -639,6 +648,8 @@ class BatchedNumbaEnv:
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every copy with its action (policy-facing form, a leading num_envs axis); copies
         whose episode ends are reset in the same call."""
+        if self.closed:
+            self._check_open()
         if self.threads > 1 and numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
         # fast path: an array already in the kernel's dtype and shape (``is``: builtin dtypes are singletons)
@@ -671,6 +682,7 @@ class BatchedNumbaEnv:
 
     def recv(self) -> Any:
         """The last reset or step as a batch of every copy (infos: one dict per copy)."""
+        self._check_open()
         infos: list = [{} for _ in range(self.num_envs)]
         info = getattr(self, "_pending", {})
         for k, i in enumerate(info.get("episode_index", ())):
@@ -742,8 +754,12 @@ class BatchedNumbaEnv:
 
     # ------------------------------------------------------------ misc
 
-    def close(self) -> None:
-        """Nothing to release: the buffers are plain arrays."""
+    def close_extras(self, **kwargs: Any) -> None:
+        """Nothing to release: the buffers are plain arrays (``close`` marks the env closed)."""
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EnvError(f"numba env {self.name!r}: the vector env is closed")
 
     def __repr__(self) -> str:
         return f"BatchedNumbaEnv({self.name!r}, num_envs={self.num_envs}, threads={self.threads})"

@@ -21,7 +21,7 @@ def resolve(env: Any) -> NumbaEnv:
 
         return spec(env)
     if isinstance(env, BatchedNumbaEnv):
-        return env.spec
+        return env.numba_env
     if callable(env):
         made = env()
         if isinstance(made, (NumbaEnv, str, BatchedNumbaEnv)):
