@@ -258,3 +258,23 @@ def test_make_refuses_bad_configurations():
     venv = vector.make(ScriptedEnv, 4, batch_size=2)
     with pytest.raises(EmulationError, match="async_reset"):
         venv.reset()
+
+
+def test_counts_and_seeds_must_be_ints_that_fit():
+    cartpole = functools.partial(gymnasium.make, "CartPole-v1")
+    for kwargs, words in [({"num_envs": 2.0}, "num_envs must be an int"),
+                          ({"num_envs": 4, "batch_size": 2.0}, "batch_size must be an int"),
+                          ({"num_envs": 4, "batch_size": True}, "batch_size must be an int"),
+                          ({"num_envs": 4, "backend": "multiprocessing", "num_workers": 2.5}, "num_workers must be an int"),
+                          ({"num_envs": 4, "seed": -1}, "seed must be an int"),
+                          ({"num_envs": 4, "seed": 2**63 - 2}, "seed must be an int"),
+                          ({"num_envs": 4, "seed": 1.5}, "seed must be an int")]:
+        with pytest.raises(EmulationError, match=words):
+            vector.make(cartpole, **kwargs)
+    venv = vector.make(cartpole, 4, seed=np.int64(3))
+    first, _ = venv.reset()
+    again, _ = venv.reset(seed=np.int64(3))  # a NumPy int seed works like a Python one
+    np.testing.assert_array_equal(first, again)
+    with pytest.raises(EmulationError, match="seed must be an int"):
+        venv.reset(seed=2**63)
+    venv.close()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from packrl.errors import EmulationError
-from packrl.vector.base import Batch, VectorEnv
+from packrl.vector.base import Batch, VectorEnv, check_seed
 from packrl.vector.serial import Serial
 
 BACKENDS = ("serial", "multiprocessing", "numba", "ray")
@@ -27,6 +29,11 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
     a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
     ``seed``: env i is seeded with ``seed + i`` on the first ``reset``."""
+    _require_int("num_envs", num_envs)
+    for name, value in (("num_workers", num_workers), ("batch_size", batch_size)):
+        if value is not None:
+            _require_int(name, value)
+    check_seed(seed, num_envs)
     if backend == "serial":
         if num_workers not in (None, 1):
             raise EmulationError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
@@ -54,6 +61,11 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
         return RayVectorEnv(env_creator, num_envs, num_workers=num_workers, batch_size=batch_size, seed=seed,
                             **kwargs)
     raise EmulationError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _require_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise EmulationError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
 __all__ = ["BACKENDS", "Batch", "Serial", "VectorEnv", "make"]

@@ -20,6 +20,12 @@ except ImportError:  # pragma: no cover
     SAME_STEP = "SameStep"
 
 
+def check_seed(seed: Any, num_envs: int) -> None:
+    """A vector seed: env i gets ``seed + i``, so every one of them must be a non-negative int64."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= 2**63 - 1 - int(num_envs):
+        raise EmulationError(f"seed must be an int in [0, 2**63 - 1 - num_envs] (env i gets seed + i), got {seed!r}")
+
+
 class Batch(NamedTuple):
     """What ``recv`` returns: rows of the envs in ``env_ids`` (each env: ``agents_per_env``
     consecutive rows, in the order of ``env_ids``). Arrays stay valid until the next ``send``."""
@@ -93,7 +99,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self.agents_per_env = spec.agents_per_env
         self.num_agents = num_envs * spec.agents_per_env
         self.batch_size = num_envs if batch_size is None else int(batch_size)
-        self.seed = seed
+        self.seed = int(seed)
         self.emulated = spec.emulated
         self.possible_agents = spec.possible_agents
         self.single_observation_space = spec.single_observation_space
@@ -123,6 +129,9 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def _reset_seed(self, seed: int | None) -> int | None:
         """``reset()`` without a seed uses ``make``'s seed the first time, then continues the envs' RNGs."""
+        if seed is not None:
+            check_seed(seed, self.num_envs)
+            seed = int(seed)  # gymnasium takes Python ints only
         if seed is None and not self._seeded:
             seed = self.seed
         self._seeded = True
