@@ -197,22 +197,25 @@ class Layout:
         when a sample is refused: the rows are packed apart and copied into ``out`` once all passed."""
         n = self._batch_size(samples)
         if out is None:
-            return self.pack_rows(samples, np.zeros((n, self.nbytes), dtype=np.uint8))
+            return self._pack_rows(samples, np.zeros((n, self.nbytes), dtype=np.uint8), n)
         self._check_buffer(out, batch_ndim=1)
         if out.shape[0] != n:
             raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
-        out[...] = self.pack_rows(samples, np.empty((n, self.nbytes), dtype=np.uint8))
+        out[...] = self._pack_rows(samples, np.empty((n, self.nbytes), dtype=np.uint8), n)
         return out
 
     def pack_rows(self, samples: Any, rows: np.ndarray) -> np.ndarray:
         """``pack_batch`` straight into ``rows`` (``(N, nbytes)`` uint8, N the number of samples),
         for a caller whose rows are worthless once a sample is refused (an env that fails): a
         refusal may leave the rows of the samples before it written."""
-        listed = isinstance(samples, list)
         n = self._batch_size(samples)
         if rows.shape != (n, self.nbytes) or rows.dtype != np.uint8:
             raise EmulationError(f"pack_rows: rows of shape {rows.shape} and dtype {rows.dtype} for {n} samples "
                                  f"of {self.nbytes} bytes (expected ({n}, {self.nbytes}) uint8)")
+        return self._pack_rows(samples, rows, n)
+
+    def _pack_rows(self, samples: Any, rows: np.ndarray, n: int) -> np.ndarray:
+        listed = isinstance(samples, list)
         if listed and n:
             for start, end in self.gaps:
                 rows[:, start:end] = 0
