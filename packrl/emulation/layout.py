@@ -216,17 +216,15 @@ class Layout:
 
     def _pack_rows(self, samples: Any, rows: np.ndarray, n: int) -> np.ndarray:
         listed = isinstance(samples, list)
-        if listed and n:
-            for start, end in self.gaps:
-                rows[:, start:end] = 0
-            if self._hot(n) is not None and rows.flags.c_contiguous and self._compiled.pack_many(samples, rows, 0) == n:
-                return rows
+        for start, end in self.gaps:
+            rows[:, start:end] = 0
+        if listed and n and self._hot(n) is not None and rows.flags.c_contiguous \
+                and self._compiled.pack_many(samples, rows, 0) == n:
+            return rows
         views = self._views(rows)
         if listed:
             self._write_samples(self.root, samples, views, ())
         else:
-            for start, end in self.gaps:
-                rows[:, start:end] = 0
             self._apply(self._checked(self.root, samples, (), (n,), []), views)
         return rows
 

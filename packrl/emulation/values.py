@@ -151,11 +151,10 @@ def convert_exactly(arr: np.ndarray, dtype: np.dtype, path: tuple, round_floats:
         overflow = np.isinf(cast) & np.isfinite(arr)
         _refuse_if(overflow, arr, dst, path, f"overflows {dst}")
         if not round_floats:
-            back = cast.astype(src)
+            back, nan = cast.astype(src), np.isnan(arr)
             with np.errstate(invalid="ignore"):
-                changed = (back != arr) & ~np.isnan(arr)
+                changed = (back != arr) & ~nan
             _refuse_if(changed, arr, dst, path, f"would be rounded to {dst} (pass round_floats=True to allow)")
-            nan = np.isnan(arr)
             if nan.any():  # a NaN's payload bits must survive too
                 bits = np.dtype(f"u{src.itemsize}")
                 lost = nan & (back.view(bits) != arr.view(bits))
