@@ -20,6 +20,9 @@ except ImportError:  # pragma: no cover
     SAME_STEP = "SameStep"
 
 
+SEND_WITHOUT_RECV = "send() without recv(): call recv() (or reset) to get the batch to act on"
+
+
 def check_seed(seed: Any, num_envs: int) -> None:
     """A vector seed: env i gets ``seed + i``, so every one of them must be a non-negative int64."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= 2**63 - 1 - int(num_envs):
@@ -206,7 +209,7 @@ class WorkerBackend(VectorEnv):
         self._check_usable()
         workers = self._last
         if workers is None:
-            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+            raise EmulationError(SEND_WITHOUT_RECV)
         env_ids = self._env_ids(workers)
         self._actions.write(actions, self._rows(env_ids), env_ids)
         return workers

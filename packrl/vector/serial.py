@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from packrl.errors import EmulationError, EnvError
-from packrl.vector.base import Batch, VectorEnv, plan_buffers
+from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
 
 
@@ -63,7 +63,7 @@ class Serial(VectorEnv):
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
         self._check_usable()
         if self._sent:
-            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+            raise EmulationError(SEND_WITHOUT_RECV)
         b = self._next
         first, count = b * self.batch_size, self.batch_size
         env_ids = self._all_env_ids[first: first + count]
@@ -79,7 +79,7 @@ class Serial(VectorEnv):
         the same checks, state and results, and the whole arrays rather than views of them."""
         self._require_sync("step")
         if self._sent:
-            raise EmulationError("send() without recv(): call recv() (or reset) to get the batch to act on")
+            raise EmulationError(SEND_WITHOUT_RECV)
         self._actions.write(actions, slice(None), self._all_env_ids)
         infos = [{} for _ in range(self.num_envs)]
         for index, info in self._run(self._runner.step, 0, self.num_envs):
