@@ -7,13 +7,18 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: install demo test bench clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.fastpack
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+# the C extension (packrl/emulation/_fastpack.c) is built by the editable install: rebuilt when it changes
+$(VENV)/.fastpack: packrl/emulation/_fastpack.c $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 demo: install

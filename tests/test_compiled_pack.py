@@ -18,6 +18,16 @@ from spaces_strategies import extreme, nested_spaces, sample as draw
 from test_layout_errors import SPACE, good
 
 
+@pytest.fixture(autouse=True, scope="module", params=["c", "numba"])
+def kernel(request):
+    """Every test here runs with each first kernel: the C extension's and Numba's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PACKRL_PACK_KERNEL", "auto" if request.param == "c" else "numba")
+    assert compiled_module.fast_kernel_in_use() is (request.param == "c"), "the C extension should be built"
+    yield request.param
+    mp.undo()
+
+
 def python_row(layout: Layout, sample) -> np.ndarray:
     row = np.zeros(layout.nbytes, np.uint8)
     layout.bind(row).pack_checked(sample)

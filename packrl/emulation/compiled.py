@@ -5,11 +5,14 @@ layout packrl generates a module with two functions that mirror the space's stru
 
 - ``pack(sample, rows, r)``, plain Python: takes the leaves out of the nested Dicts and Tuples
   and hands them, untouched, to
-- ``_kernel(rows, r, *leaves)``, compiled by Numba for exactly the leaves' dtypes and ranks,
-  C-contiguous: it checks every shape and every bounded integer leaf first (flat loops), then
-  copies each into row ``r`` (one memmove per leaf) and zeroes the row's padding. Nothing is
-  written unless every leaf passed. ``_kernel_any``, the same checks and copies with nested
-  loops, is compiled the first time a leaf arrives strided or read-only.
+- ``_fast(_spec, rows, r, *leaves)``, the C extension ``packrl.emulation._fastpack``: it checks
+  every leaf's dtype, shape and (for bounded integer leaves) values first, then copies each into
+  row ``r`` (one memcpy per leaf) and zeroes the row's padding. Nothing is written unless every
+  leaf passed. It takes C-contiguous, aligned arrays of exactly the leaf's dtype, and exact scalars.
+- Where it is missing (no C compiler at install) or ``PACKRL_PACK_KERNEL=numba``, the same
+  kernel compiled by Numba for exactly the leaves' dtypes and ranks, ``_kernel``, takes its place.
+- ``_kernel_any``, the Numba kernel with nested loops, is compiled the first time a leaf arrives
+  strided, read-only or otherwise not taken by the first.
 
 ``pack_many(samples, rows, first)`` does the same for a list, one kernel call per sample (a
 single call over tuples of samples measured no faster: the copies, not the calls, dominate).
@@ -24,6 +27,7 @@ Python and copied by the kernel.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -34,6 +38,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from packrl._codegen import import_generated
+
+try:
+    from packrl.emulation import _fastpack
+except ImportError:  # built without a C compiler: the Numba kernel does its work
+    _fastpack = None
 
 if TYPE_CHECKING:
     from packrl.emulation.layout import Layout, Node
@@ -47,6 +56,15 @@ _NUMBA_DTYPES = {np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np
 _BITS_OF = {np.dtype(np.float16): np.dtype(np.uint16)}
 
 
+def fast_kernel_in_use() -> bool:
+    """Whether new compiled packs check and copy in C (``packrl.emulation._fastpack``) rather than
+    in a Numba kernel: the extension was built and ``PACKRL_PACK_KERNEL`` is not ``numba``."""
+    mode = os.environ.get("PACKRL_PACK_KERNEL", "auto")
+    if mode not in ("auto", "numba"):
+        raise ValueError(f"PACKRL_PACK_KERNEL must be 'auto' or 'numba', not {mode!r}")
+    return _fastpack is not None and mode == "auto"
+
+
 class CompiledPack:
     """The generated pack of one Layout. ``pack(sample, rows, r)`` writes ``sample`` into
     ``rows[r]`` (``rows``: C-contiguous ``(N, nbytes)`` uint8) and returns True, or returns
@@ -56,7 +74,7 @@ class CompiledPack:
     on a refusal."""
 
     def __init__(self, layout: "Layout"):
-        source = _Source(layout)
+        source = _Source(layout, fast=fast_kernel_in_use())
         text = source.text()
         digest = hashlib.sha256(text.encode())
         for name, arr in sorted(source.constants.items()):
@@ -67,9 +85,12 @@ class CompiledPack:
             for name, value in {**source.constants, **source.objects}.items():
                 setattr(module, name, value)
             jit = numba.njit(cache=True, nogil=True, _nrt=False)
-            module._kernel = jit(module._kernel_c_py)
-            module._kernel.compile(source.signature(generic=False))
-            module._kernel.disable_compile()
+            if source.fast:  # the Numba kernels only compile if a leaf arrives that C does not take
+                module._fast, module._spec = _fastpack.pack, source.fast_spec()
+            else:
+                module._kernel = jit(module._kernel_c_py)
+                module._kernel.compile(source.signature(generic=False))
+                module._kernel.disable_compile()
             module._kernel_any = jit(module._kernel_a_py)
             module._retry_generic = _generic_retry(module, source.signature(generic=True))
             module._ready = True
@@ -130,8 +151,9 @@ def _generic_retry(module: Any, signature: tuple) -> Callable[..., bool]:
 class _Source:
     """The text of a layout's generated module and the objects it needs."""
 
-    def __init__(self, layout: "Layout"):
+    def __init__(self, layout: "Layout", fast: bool):
         self.layout = layout
+        self.fast = fast
         self.constants: dict[str, np.ndarray | np.generic] = {}
         self.objects: dict[str, Any] = {}
         self.fields: list[tuple[int, str, bool]] = []  # (leaf id, kernel argument, is a Python scalar)
@@ -170,10 +192,7 @@ class _Source:
             *("        " + line for line in self.py_checks),
             "    except Exception:  # the checked Python path names what is wrong",
             "        return False",
-            "    try:",
-            f"        code = _kernel(rows, r, {args})",
-            "    except (TypeError, ValueError, OverflowError):",
-            f"        return _retry_generic(rows, r, {args})",
+            *self._call_lines("    ", args),
             "    return code == 0",
             "",
             "",
@@ -189,10 +208,7 @@ class _Source:
             *("            " + line.replace("return False", "return i") for line in self.py_checks),
             "        except Exception:",
             "            return i",
-            "        try:",
-            f"            code = _kernel(rows, r, {args})",
-            "        except (TypeError, ValueError, OverflowError):",
-            f"            code = 0 if _retry_generic(rows, r, {args}) else 1",
+            *self._call_lines("        ", args),
             "        if code:",
             "            return i",
             "        i += 1",
@@ -215,10 +231,8 @@ class _Source:
             "            except Exception:  # slow(s) runs outside the handler: its error has no context",
             "                ok = False",
             "        if ok:",
-            "            try:",
-            f"                ok = _kernel(rows, r, {args}) == 0",
-            "            except (TypeError, ValueError, OverflowError):",
-            f"                ok = _retry_generic(rows, r, {args})",
+            *self._call_lines("            ", args),
+            "            ok = code == 0",
             "        if not ok:",
             "            slow(s)",
             "",
@@ -231,6 +245,36 @@ class _Source:
             *self._kernel_lines(contiguous=False),
         ]
         return "\n".join(lines) + "\n"
+
+    def _call_lines(self, indent: str, args: str) -> list[str]:
+        """Lines that set ``code`` to 0 where the sample was written into ``rows[r]``: the first kernel,
+        then the Numba kernel for any memory layout where the first did not take the leaves."""
+        if self.fast:  # a negative code: a leaf C does not take (strided, read-only, another dtype)
+            lines = [f"code = _fast(_spec, rows, r, {args})",
+                     "if code < 0:",
+                     f"    code = 0 if _retry_generic(rows, r, {args}) else 1"]
+        else:
+            lines = ["try:",
+                     f"    code = _kernel(rows, r, {args})",
+                     "except (TypeError, ValueError, OverflowError):",
+                     f"    code = 0 if _retry_generic(rows, r, {args}) else 1"]
+        return [indent + line for line in lines]
+
+    def fast_spec(self) -> Any:
+        """What ``_fastpack.pack`` checks and where it writes, one entry per kernel argument."""
+        leaves = []
+        for leaf_id, dtype, shape, scalar in self._kernel_types():
+            leaf = self.layout.leaves[leaf_id]
+            lo = hi = None
+            rng = getattr(self._codec_of(leaf), "range", None) if self._bounds(leaf_id) else None
+            if rng is not None and (leaf.shape == () or rng.uniform is not None):
+                lo, hi = (int(v) for v in ((rng.low[()], rng.high[()]) if leaf.shape == () else rng.uniform))
+            elif rng is not None:
+                lo, hi = (np.ascontiguousarray(b.reshape(-1)) for b in (rng.low, rng.high))
+            takes_int = scalar and leaf.kind == "discrete" and dtype == np.int64
+            leaves.append((dtype.kind, dtype.itemsize, None if scalar else tuple(shape), leaf.offset, lo, hi,
+                           dtype.type if scalar else None, takes_int))
+        return _fastpack.make_spec(self.layout.nbytes, tuple(self.layout.gaps), tuple(leaves))
 
     def _name(self, prefix: str) -> str:
         self.counter += 1

@@ -7,11 +7,11 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from packrl.emulation.actions import table_choice
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.errors import EmulationError
 
 AGENT = "agent_0"
-_INT64 = np.dtype(np.int64)
 _NONE_ENDED = np.zeros(0, dtype=np.intp)
 MAX_TABLED_CHOICES = 4096
 
@@ -82,10 +82,8 @@ class GymnasiumEmulation:
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         natives = self._natives
-        if (natives is not None and actions.__class__ is np.ndarray and actions.dtype is _INT64
-                and actions.size == 1 and 0 <= (c := actions.item()) < len(natives)):
-            native = natives[c]
-        else:
+        native = None if natives is None else table_choice(actions, natives)
+        if native is None:
             native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
         if self.passthrough:
