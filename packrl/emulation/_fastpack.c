@@ -335,7 +335,7 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     char *row = PyArray_BYTES(rows) + r * spec->nbytes;
     for (Py_ssize_t i = 0; i < spec->nleaves; i++) {
         const LeafSpec *leaf = &spec->leaves[i];
-        memcpy(row + leaf->offset, data[i], (size_t)(leaf->size * leaf->itemsize));
+        memmove(row + leaf->offset, data[i], (size_t)(leaf->size * leaf->itemsize));  /* a leaf may view the row */
     }
     for (Py_ssize_t g = 0; g < spec->ngaps; g++)
         memset(row + spec->gaps[2 * g], 0, (size_t)(spec->gaps[2 * g + 1] - spec->gaps[2 * g]));

@@ -1,4 +1,4 @@
-"""A compiled pack per Layout: one Numba call checks and writes every leaf of a sample.
+"""A compiled pack per Layout: one C (or Numba) call checks and writes every leaf of a sample.
 
 The tree walk of ``Layout.pack`` costs one to three microseconds per leaf in Python. For a hot
 layout packrl generates a module with two functions that mirror the space's structure:
@@ -7,7 +7,7 @@ layout packrl generates a module with two functions that mirror the space's stru
   and hands them, untouched, to
 - ``_fast(_spec, rows, r, *leaves)``, the C extension ``packrl.emulation._fastpack``: it checks
   every leaf's dtype, shape and (for bounded integer leaves) values first, then copies each into
-  row ``r`` (one memcpy per leaf) and zeroes the row's padding. Nothing is written unless every
+  row ``r`` (one memmove per leaf) and zeroes the row's padding. Nothing is written unless every
   leaf passed. It takes C-contiguous, aligned arrays of exactly the leaf's dtype, and exact scalars.
 - Where it is missing (no C compiler at install) or ``PACKRL_PACK_KERNEL=numba``, the same
   kernel compiled by Numba for exactly the leaves' dtypes and ranks, ``_kernel``, takes its place.
@@ -19,9 +19,9 @@ single call over tuples of samples measured no faster: the copies, not the calls
 
 The compiled path only accepts, it never explains: anything unexpected (a list where an array
 was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
-the checked tree walk, which converts what converts exactly and names what does not. Because
-the kernel has Numba compilation disabled after its signatures are made, an array of another
-dtype can never be cast on its way in. String and user leaves are checked by their codecs in
+the checked tree walk, which converts what converts exactly and names what does not. The C
+kernel compares dtypes itself, and the Numba kernels have compilation disabled after their
+signatures are made, so an array of another dtype is never cast on its way in. String and user leaves are checked by their codecs in
 Python and copied by the kernel.
 """
 from __future__ import annotations
