@@ -234,3 +234,23 @@ def test_a_uint64_discrete_refuses_the_value_below_its_start():
         with pytest.raises(EmulationError, match="outside Discrete"):
             layout.pack(value)
     assert layout.unpack(layout.pack(2**63 + 9)) == 2**63 + 9
+
+
+def test_layouts_whose_generated_text_is_the_same_do_not_share_their_module():
+    # the same Python text (one 0-d leaf, one checked string): other dtypes, other charsets
+    pairs = [(spaces.Box(-1, 1, (), np.float32), spaces.Box(-1, 1, (), np.float64)),
+             (spaces.Text(3, charset="abc"), spaces.Text(3, charset="xyz")),
+             (spaces.Box(0, 5, (2,), np.uint8), spaces.Box(0, 9, (2,), np.uint8))]
+    for first, second in pairs:
+        layouts = [Layout.from_space(first), Layout.from_space(second)]
+        modules = [layout.compiled_pack().module for layout in layouts]
+        assert modules[0] is not modules[1], f"{first} and {second} share a generated module"
+        for layout, space in zip(layouts, (first, second)):
+            space.seed(1)
+            for _ in range(5):
+                sample = space.sample()
+                rows = np.zeros((1, layout.nbytes), np.uint8)
+                assert layout.compiled_pack().pack(sample, rows, 0) is True, f"{space} refused its own sample"
+                assert rows[0].tobytes() == python_row(layout, sample).tobytes()
+    with pytest.raises(EmulationError):  # 7 is within the first Box's bounds only
+        Layout.from_space(pairs[2][0]).pack(np.array([7, 7], np.uint8))
