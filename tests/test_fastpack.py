@@ -15,7 +15,7 @@ from packrl.emulation import Layout, emulate
 from packrl.emulation import compiled as compiled_module
 from packrl.emulation.actions import _table_choice
 
-from packrl.emulation import _fastpack  # no importorskip: a failed build must fail here
+from packrl.emulation import _fastpack  # a failed build must fail here, not be skipped
 
 SPACE = spaces.Dict({
     "glyphs": spaces.Box(0, 5976, (3, 4), np.int16),

@@ -227,20 +227,13 @@ fail:
         return bad;                                                  \
     } while (0)
 
-#define BY_SIGNED_TYPE(MACRO, ...)                  \
+/* One case per integer width; PREFIX is empty for the signed types and u for the unsigned ones. */
+#define BY_WIDTH(PREFIX, MACRO, ...)                \
     switch (leaf->itemsize) {                       \
-    case 1: MACRO(int8_t, ##__VA_ARGS__);           \
-    case 2: MACRO(int16_t, ##__VA_ARGS__);          \
-    case 4: MACRO(int32_t, ##__VA_ARGS__);          \
-    default: MACRO(int64_t, ##__VA_ARGS__);         \
-    }
-
-#define BY_UNSIGNED_TYPE(MACRO, ...)                \
-    switch (leaf->itemsize) {                       \
-    case 1: MACRO(uint8_t, ##__VA_ARGS__);          \
-    case 2: MACRO(uint16_t, ##__VA_ARGS__);         \
-    case 4: MACRO(uint32_t, ##__VA_ARGS__);         \
-    default: MACRO(uint64_t, ##__VA_ARGS__);        \
+    case 1: MACRO(PREFIX##int8_t, ##__VA_ARGS__);   \
+    case 2: MACRO(PREFIX##int16_t, ##__VA_ARGS__);  \
+    case 4: MACRO(PREFIX##int32_t, ##__VA_ARGS__);  \
+    default: MACRO(PREFIX##int64_t, ##__VA_ARGS__); \
     }
 
 /* The checks vectorize: built for the CPU at hand among these, chosen when the module loads
@@ -254,11 +247,11 @@ fail:
 VECTOR_CLONES
 static int outside(const LeafSpec *leaf, const char *data) {
     if (leaf->bounds == UNIFORM) {
-        if (leaf->kind == 'i') BY_SIGNED_TYPE(OUTSIDE_UNIFORM, leaf->lo_i, leaf->hi_i)
-        else BY_UNSIGNED_TYPE(OUTSIDE_UNIFORM, leaf->lo_u, leaf->hi_u)
+        if (leaf->kind == 'i') BY_WIDTH(, OUTSIDE_UNIFORM, leaf->lo_i, leaf->hi_i)
+        else BY_WIDTH(u, OUTSIDE_UNIFORM, leaf->lo_u, leaf->hi_u)
     } else if (leaf->bounds == ELEMENTWISE) {
-        if (leaf->kind == 'i') BY_SIGNED_TYPE(OUTSIDE_ELEMENTWISE)
-        else BY_UNSIGNED_TYPE(OUTSIDE_ELEMENTWISE)
+        if (leaf->kind == 'i') BY_WIDTH(, OUTSIDE_ELEMENTWISE)
+        else BY_WIDTH(u, OUTSIDE_ELEMENTWISE)
     }
     return 0;
 }
