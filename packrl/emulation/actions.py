@@ -18,6 +18,7 @@ from packrl.emulation.layout import DictNode, Layout, LeafNode, TupleNode
 from packrl.emulation.values import _any_outside, exact_array, format_path, refuse_outside
 from packrl.errors import EmulationError
 
+
 def _table_choice(action: Any, table: tuple) -> Any:
     """``table[c]`` for a Discrete action ``c`` given as an int64 array of one element, a Python int
     or an int64 NumPy scalar, with ``0 <= c < len(table)``; None for anything else (the checked

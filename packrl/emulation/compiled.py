@@ -21,8 +21,8 @@ The compiled path only accepts, it never explains: anything unexpected (a list w
 was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
 the checked tree walk, which converts what converts exactly and names what does not. The C
 kernel compares dtypes itself, and the Numba kernels have compilation disabled after their
-signatures are made, so an array of another dtype is never cast on its way in. String and user leaves are checked by their codecs in
-Python and copied by the kernel.
+signatures are made, so an array of another dtype is never cast on its way in. String and user
+leaves are checked by their codecs in Python and copied by the kernel.
 """
 from __future__ import annotations
 
@@ -241,9 +241,7 @@ class _Source:
             "    return pack_bound",
             "",
             "",
-            *self._kernel_lines(contiguous=True),
-            "",
-            "",
+            *([] if self.fast else [*self._kernel_lines(contiguous=True), "", ""]),
             *self._kernel_lines(contiguous=False),
         ]
         return "\n".join(lines) + "\n"
@@ -263,16 +261,17 @@ class _Source:
         return [indent + line for line in lines]
 
     def fast_spec(self) -> Any:
-        """What ``_fastpack.pack`` checks and where it writes, one entry per kernel argument."""
+        """What ``_fastpack.pack`` checks and where it writes, one entry per kernel argument; the
+        bounds are the constants the Numba kernels compare against."""
         leaves = []
         for leaf_id, dtype, shape, scalar in self._kernel_types():
             leaf = self.layout.leaves[leaf_id]
             lo = hi = None
-            rng = getattr(self._codec_of(leaf), "range", None) if self._bounds(leaf_id) else None
-            if rng is not None and (leaf.shape == () or rng.uniform is not None):
-                lo, hi = (int(v) for v in ((rng.low[()], rng.high[()]) if leaf.shape == () else rng.uniform))
-            elif rng is not None:
-                lo, hi = (np.ascontiguousarray(b.reshape(-1)) for b in (rng.low, rng.high))
+            bounds = self._bounds(leaf_id)
+            if bounds is not None:
+                lo, hi = (self.constants[name] for name in bounds[:2])
+                if not bounds[2]:  # uniform: scalars of the leaf's dtype
+                    lo, hi = int(lo), int(hi)
             takes_int = scalar and leaf.kind == "discrete" and dtype == np.int64
             leaves.append((dtype.kind, dtype.itemsize, None if scalar else tuple(shape), leaf.offset, lo, hi,
                            dtype.type if scalar else None, takes_int))
