@@ -163,7 +163,7 @@ class ActionLayout:
         cont = np.zeros(self.num_continuous, self.continuous_dtype)
         for part in self.discrete_parts:
             value = _get(leaves, part.path)
-            value = np.asarray(value).astype(object if part.dtype.kind == "u" else np.int64)
+            value = _exact_ints(value, part.dtype)
             disc[part.first: part.first + part.nvec.size] = np.asarray(value - part.start).astype(np.int64).reshape(-1)
         for part in self.continuous_parts:
             value = np.asarray(_get(leaves, part.path))

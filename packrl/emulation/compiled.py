@@ -76,11 +76,10 @@ class CompiledPack:
     def __init__(self, layout: "Layout"):
         source = _Source(layout, fast=fast_kernel_in_use())
         text = source.text()
-        # the layout's own description too: layouts of other dtypes or codecs can generate the same
-        # text, and a module found under the same name keeps the kernels and checks it was made with
+        # the layout's own description too (its constants derive from it): layouts of other dtypes or
+        # codecs can generate the same text, and a module found under the same name keeps the kernels
+        # and checks it was made with
         digest = hashlib.sha256(text.encode() + layout._key.encode())
-        for name, arr in sorted(source.constants.items()):
-            digest.update(name.encode() + arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
         digest.update(Path(__file__).read_bytes())
         module = import_generated(f"packrl_pack_{digest.hexdigest()[:20]}", text)
         if not getattr(module, "_ready", False):
