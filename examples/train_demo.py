@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from packrl.cli import eval_command, train_command
+from packrl.commands.evaluate import eval_command
+from packrl.commands.train import train_command
 from packrl.envs.gridworld import LEARNED_THRESHOLD, RANDOM_RETURN
 from packrl.train.run import merge_config
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+import packrl.commands.check
+import packrl.commands.evaluate
+import packrl.commands.train
+from packrl import commands
 from packrl.errors import PackrlError
 
 SHORTCUTS = {  # flag -> (section, key)
@@ -25,23 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train PPO on ENV (gymnasium id, pettingzoo.* path, packrl env, module:function)")
     train.add_argument("env", nargs="?", help="env id (overrides env.id of the config)")
     train.add_argument("--config", help="TOML or INI file with [env] [vec] [policy] [train] sections")
-    train.add_argument("--out", default="runs/latest", help="folder for the checkpoint, curve and history")
-    train.add_argument("--tensorboard", metavar="LOGDIR", help="also log to TensorBoard (needs the tensorboard package)")
-    train.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live dashboard")
     for flag in SHORTCUTS:
         train.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=str)
+    commands.train.add_arguments(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on its env")
-    evaluate.add_argument("checkpoint")
-    evaluate.add_argument("--episodes", type=int, default=20)
-    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    commands.evaluate.add_arguments(evaluate)
 
     check = sub.add_parser("check", help="shape, dtype, range, NaN and gradient checks of ENV with its policy")
     check.add_argument("env", nargs="?")
     check.add_argument("--config")
-    check.add_argument("--steps", type=int, default=64)
     for flag in SHORTCUTS:
         check.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=str)
+    commands.check.add_arguments(check)
     return parser
 
 
@@ -69,85 +68,6 @@ def _config(args: argparse.Namespace, extra: list[str]) -> dict:
     return merge_config(*layers, flags)
 
 
-def train_command(config: dict, out: str | Path, live: bool = True, tensorboard: str | None = None) -> int:
-    """Train, then save the checkpoint, history and learning curve into ``out``. Ctrl-C stops the training,
-    still saves everything, and returns 130."""
-    from rich.console import Console
-
-    from packrl.train.dashboard import Dashboard
-    from packrl.train.ppo import PPO
-    from packrl.train.run import make_policy, make_vecenv, plot_learning_curve, ppo_config, save, write_history
-
-    console = Console()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = ppo_config(config)
-    vecenv = make_vecenv(config, seed=cfg.seed)
-    history: list[dict] = []
-    interrupted = False
-    try:
-        ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
-        total = int(config["train"]["total_steps"])
-        title = f"packrl PPO on {config['env']['id']} ({vecenv.num_agents} rows, {ppo.device})"
-
-        with Dashboard(title, total, live=live and console.is_terminal, tensorboard=tensorboard, console=console) as board:
-            def callback(stats: dict) -> None:
-                history.append(stats)
-                board.update(stats)
-
-            try:
-                ppo.train(total, callback)
-            except KeyboardInterrupt:
-                interrupted = True
-        checkpoint = save(ppo, config, out / "checkpoint", history)
-        write_history(history, out / "history.jsonl")
-        curve = plot_learning_curve(history, out / "learning_curve.png", title)
-    finally:
-        vecenv.close()
-    if interrupted:
-        console.print(f"[yellow]interrupted at {ppo.global_step:,} steps[/yellow]")
-    returns = [h["episode_return"] for h in history if "episode_return" in h]
-    if returns:
-        console.print(f"last mean episode return {returns[-1]:.3f} after {ppo.global_step:,} agent steps")
-    console.print(f"checkpoint: {checkpoint}")
-    console.print(f"learning curve: {curve if curve else '(no episode ended, no curve)'}")
-    return 130 if interrupted else 0
-
-
-def eval_command(checkpoint: str, episodes: int, deterministic: bool = True) -> int:
-    from rich.console import Console
-
-    from packrl.train.evaluate import evaluate
-    from packrl.train.run import load_policy, make_vecenv
-
-    policy, metadata, env = load_policy(checkpoint)
-    env.close()
-    config = metadata["config"]
-    config["vec"].update(num_envs=episodes)
-    vecenv = make_vecenv(config, seed=10_000)
-    try:
-        returns = evaluate(policy, vecenv, deterministic=deterministic)
-    finally:
-        vecenv.close()
-    Console().print(f"{metadata['env_id']}: mean return {returns.mean():.3f} +- {returns.std():.3f} over "
-                    f"{len(returns)} episodes (min {returns.min():.3f}, max {returns.max():.3f}; "
-                    f"trained {metadata.get('global_step', '?'):,} steps)")
-    return 0
-
-
-def check_command(config: dict, steps: int) -> int:
-    from packrl.check import check_env, print_report
-    from packrl.train.run import make_policy, make_vecenv
-
-    vecenv = make_vecenv(config, seed=int(config["train"].get("seed", 0)))
-    try:
-        report = check_env(vecenv, make_policy(vecenv, config["policy"]), steps=steps)
-    finally:
-        vecenv.close()
-    print_report(report, title=f"packrl check {config['env']['id']}")
-    return 0 if report.ok else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -155,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             if extra:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
-            return eval_command(args.checkpoint, args.episodes, not args.stochastic)
+            return commands.evaluate.run(args)
         config = _config(args, extra)
         if args.command == "train":
-            return train_command(config, args.out, live=not args.no_live, tensorboard=args.tensorboard)
-        return check_command(config, args.steps)
+            return commands.train.run(args, config)
+        return commands.check.run(args, config)
     except PackrlError as err:
         print(f"packrl {args.command}: {err}", file=sys.stderr)
         return 2

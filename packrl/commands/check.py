@@ -1,0 +1,25 @@
+"""``packrl check ENV``: shape, dtype, range, NaN and gradient checks of ENV with its policy, as one report."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=64)
+
+
+def run(args: argparse.Namespace, config: dict) -> int:
+    return check_command(config, args.steps)
+
+
+def check_command(config: dict, steps: int) -> int:
+    from packrl.check import check_env, print_report
+    from packrl.train.run import make_policy, make_vecenv
+
+    vecenv = make_vecenv(config, seed=int(config["train"].get("seed", 0)))
+    try:
+        report = check_env(vecenv, make_policy(vecenv, config["policy"]), steps=steps)
+    finally:
+        vecenv.close()
+    print_report(report, title=f"packrl check {config['env']['id']}")
+    return 0 if report.ok else 1
