@@ -88,9 +88,13 @@ def parse_value(text: str) -> Any:
 # ---------------------------------------------------------------- envs
 
 
-def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto") -> tuple[Callable[[], Any], str]:
+def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
+                allow_code: bool = True) -> tuple[Callable[[], Any], str]:
     """``(creator, default backend)`` for an env id: a packrl Numba env name, ``module:function``,
-    a PettingZoo module path (``pettingzoo.classic.connect_four_v3``), or a gymnasium id."""
+    a PettingZoo module path (``pettingzoo.classic.connect_four_v3``), or a gymnasium id.
+
+    ``allow_code=False`` is for ids read from files (checkpoints): an id that would make packrl import a
+    module or call a function the id itself names (``module:function``) is refused with ConfigError."""
     kwargs = dict(kwargs or {})
     from packrl import envs as packrl_envs
 
@@ -99,6 +103,9 @@ def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto") -> t
             raise ConfigError(f"packrl env {env_id!r} takes no env.kwargs (got {sorted(kwargs)})")
         return (lambda: env_id), "numba"
     if ":" in env_id:
+        if not allow_code:
+            raise ConfigError(f"env id {env_id!r} names code to import and call; an id read from a file is never "
+                              "executed: give the env on the command line (--env) or pass --trust-checkpoint")
         module_name, _, function = env_id.partition(":")
         try:
             fn = getattr(importlib.import_module(module_name), function)
