@@ -1,5 +1,5 @@
 """packrl: reinforcement learning on structured spaces, packed losslessly into uint8 rows."""
-from packrl.errors import EmulationError, EnvError, NativizeError, PackrlError
+from packrl.errors import ConfigError, EmulationError, EnvError, NativizeError, PackrlError, UsageError
 
 __version__ = "0.1.0"
-__all__ = ["EmulationError", "EnvError", "NativizeError", "PackrlError", "__version__"]
+__all__ = ["ConfigError", "EmulationError", "EnvError", "NativizeError", "PackrlError", "UsageError", "__version__"]

@@ -1,4 +1,4 @@
-"""Exceptions raised by packrl. Each message names the leaf path, agent, worker or env index."""
+"""Exceptions raised by packrl. Each message names the leaf path, agent, worker, env index, flag or file."""
 
 
 class PackrlError(Exception):
@@ -15,3 +15,15 @@ class NativizeError(PackrlError, TypeError):
 
 class EnvError(PackrlError, RuntimeError):
     """An environment failed inside a vector backend (worker id, env index and traceback attached)."""
+
+
+class UsageError(PackrlError, ValueError, TypeError):
+    """The API or a setting is used wrongly: a wrong kind or value of argument (an env id where an env creator
+    goes, an unknown backend, workers that do not divide the envs, calls out of order). It is a ValueError and
+    a TypeError, so code that caught what these raised before (EmulationError, a ValueError; the TypeError of
+    calling a string) still catches it."""
+
+
+class ConfigError(UsageError):
+    """A config file, preset or command-line flag names a section, key or value that does not exist or does
+    not fit (the message names the key, the value, what is expected and the file)."""

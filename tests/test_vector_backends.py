@@ -7,7 +7,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from packrl import EmulationError, vector
+from packrl import EmulationError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, StructuredEnv
 
@@ -119,9 +119,9 @@ def test_default_split_gives_the_main_process_a_share_only_when_every_env_steps_
     assert default_split(8, 8, 2, None) == (2, 2)
     assert default_split(5, None, 2, None) == (2, 1)
     assert default_split(8, 4, 2, None) == (2, 0)  # batches: the main process runs the policy
-    with pytest.raises(EmulationError, match="main_envs=2 needs batch_size == num_envs"):
+    with pytest.raises(UsageError, match="main_envs=2 needs batch_size == num_envs"):
         default_split(8, 4, 2, 2)
-    with pytest.raises(EmulationError, match="num_envs - main_envs = 8 - 8"):
+    with pytest.raises(UsageError, match="num_envs - main_envs = 8 - 8"):
         default_split(8, None, 1, 8)  # every worker steps at least one env
 
 
@@ -190,7 +190,7 @@ def test_async_batches_bookkeeping(backend):
     ref_obs = [layout.pack(env.reset(seed=11 + i)[0]) for i, env in enumerate(refs)]
     steps = np.zeros(n, int)
     venv.async_reset()
-    with pytest.raises(EmulationError, match="send\\(\\) without recv"):
+    with pytest.raises(UsageError, match="send\\(\\) without recv"):
         venv.send(np.zeros(batch, np.int64))
     seen = []
     for _ in range(40):
@@ -245,18 +245,18 @@ def test_gymnasium_vector_env_interop():
 
 
 def test_make_refuses_bad_configurations():
-    with pytest.raises(EmulationError, match="must divide"):
+    with pytest.raises(UsageError, match="must divide"):
         vector.make(ScriptedEnv, 5, backend="multiprocessing", num_workers=2, main_envs=0)
-    with pytest.raises(EmulationError, match="main_envs=2 needs batch_size == num_envs"):
+    with pytest.raises(UsageError, match="main_envs=2 needs batch_size == num_envs"):
         vector.make(ScriptedEnv, 4, backend="multiprocessing", num_workers=1, batch_size=2, main_envs=2)
-    with pytest.raises(EmulationError, match="batch_size=3"):
+    with pytest.raises(UsageError, match="batch_size=3"):
         vector.make(ScriptedEnv, 4, batch_size=3)
-    with pytest.raises(EmulationError, match="must divide"):  # refused before any Ray cluster starts
+    with pytest.raises(UsageError, match="must divide"):  # refused before any Ray cluster starts
         vector.make(ScriptedEnv, 5, backend="ray", num_workers=2)
-    with pytest.raises(EmulationError, match="unknown backend"):
+    with pytest.raises(UsageError, match="unknown backend"):
         vector.make(ScriptedEnv, 4, backend="threads")
     venv = vector.make(ScriptedEnv, 4, batch_size=2)
-    with pytest.raises(EmulationError, match="async_reset"):
+    with pytest.raises(UsageError, match="async_reset"):
         venv.reset()
 
 
@@ -269,12 +269,12 @@ def test_counts_and_seeds_must_be_ints_that_fit():
                           ({"num_envs": 4, "seed": -1}, "seed must be an int"),
                           ({"num_envs": 4, "seed": 2**63 - 2}, "seed must be an int"),
                           ({"num_envs": 4, "seed": 1.5}, "seed must be an int")]:
-        with pytest.raises(EmulationError, match=words):
+        with pytest.raises(UsageError, match=words):
             vector.make(cartpole, **kwargs)
     venv = vector.make(cartpole, 4, seed=np.int64(3))
     first, _ = venv.reset()
     again, _ = venv.reset(seed=np.int64(3))  # a NumPy int seed works like a Python one
     np.testing.assert_array_equal(first, again)
-    with pytest.raises(EmulationError, match="seed must be an int"):
+    with pytest.raises(UsageError, match="seed must be an int"):
         venv.reset(seed=2**63)
     venv.close()

@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from packrl import EmulationError, EnvError, vector
+from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.vector.testing import ScriptedEnv, SeededFailure
 
 SHM = Path("/dev/shm")
@@ -208,7 +208,7 @@ def test_workers_go_when_the_main_process_is_killed(context):
 def test_recv_before_any_reset_is_refused(backend):
     kwargs = {"num_workers": 2, "context": "fork"} if backend == "multiprocessing" else {}
     venv = vector.make(ScriptedEnv, 4, backend=backend, **kwargs)
-    with pytest.raises(EmulationError, match="before any reset"):
+    with pytest.raises(UsageError, match="before any reset"):
         venv.recv()
     venv.reset(seed=0)
     assert venv.step(np.zeros(4, np.int64))[0].shape[0] == 4

@@ -15,7 +15,7 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from packrl import EmulationError, EnvError, vector
+from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, SeededFailure, StructuredEnv
 
@@ -136,10 +136,10 @@ def test_async_batches_bookkeeping():
     refs = [JitteryEnv() for _ in range(n)]
     ref_obs = [layout.pack(env.reset(seed=11 + i)[0]) for i, env in enumerate(refs)]
     steps = np.zeros(n, int)
-    with pytest.raises(EmulationError, match="async_reset"):
+    with pytest.raises(UsageError, match="async_reset"):
         venv.reset()
     venv.async_reset()
-    with pytest.raises(EmulationError, match="send\\(\\) without recv"):
+    with pytest.raises(UsageError, match="send\\(\\) without recv"):
         venv.send(np.zeros(batch, np.int64))
     seen = []
     deadline = time.monotonic() + 120  # fault detection only: a worker's first reply may lag on a loaded machine
@@ -149,7 +149,7 @@ def test_async_batches_bookkeeping():
         assert list(b.env_ids) == sorted(b.env_ids)
         for row, e in enumerate(b.env_ids):
             np.testing.assert_array_equal(b.observations[row], ref_obs[e])
-        with pytest.raises(EmulationError, match="recv\\(\\) twice"):
+        with pytest.raises(UsageError, match="recv\\(\\) twice"):
             venv.recv()
         seen.append(tuple(b.env_ids))
         actions = np.array([(e * 7 + steps[e]) % 3 for e in b.env_ids])

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from packrl.errors import EmulationError
+from packrl.errors import UsageError
 from packrl.vector.base import Batch, VectorEnv, check_seed
 from packrl.vector.serial import Serial
 
@@ -28,7 +28,11 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     ``batch_size == num_envs``, ``0`` to keep every env out of this process), ``numba`` (``env_creator`` is a
     Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
     a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
-    ``seed``: env i is seeded with ``seed + i`` on the first ``reset``."""
+    ``seed``: env i is seeded with ``seed + i`` on the first ``reset``.
+
+    Misuse (an env id or an env instance where a creator goes, an unknown backend, workers that do not
+    divide the envs) raises ``packrl.UsageError``."""
+    _require_creator(env_creator, backend)
     _require_int("num_envs", num_envs)
     for name, value in (("num_workers", num_workers), ("batch_size", batch_size)):
         if value is not None:
@@ -36,9 +40,9 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     check_seed(seed, num_envs)
     if backend == "serial":
         if num_workers not in (None, 1):
-            raise EmulationError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
+            raise UsageError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
         if kwargs:
-            raise EmulationError(f"backend 'serial' takes no options {sorted(kwargs)}")
+            raise UsageError(f"backend 'serial' takes no options {sorted(kwargs)}")
         return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed)
     if backend == "multiprocessing":
         from packrl.vector.multiprocessing import Multiprocessing
@@ -49,23 +53,41 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
         try:
             from packrl.vector.numba_backend import make_numba
         except ImportError as err:
-            raise EmulationError(f"backend 'numba' is not available: {err}") from None
+            raise UsageError(f"backend 'numba' is not available: {err}") from None
         if num_workers is not None or batch_size is not None:
-            raise EmulationError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
+            raise UsageError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
         return make_numba(env_creator, num_envs, seed=seed, **kwargs)
     if backend == "ray":
         try:
             from packrl.vector.ray_backend import RayVectorEnv
         except ImportError as err:
-            raise EmulationError(f"backend 'ray' needs Ray (pip install ray): {err}") from None
+            raise UsageError(f"backend 'ray' needs Ray (pip install ray): {err}") from None
         return RayVectorEnv(env_creator, num_envs, num_workers=num_workers, batch_size=batch_size, seed=seed,
                             **kwargs)
-    raise EmulationError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    raise UsageError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _require_creator(env_creator: Any, backend: str) -> None:
+    """Every backend but numba (which also takes a packrl env name) calls ``env_creator()`` once per copy."""
+    if backend == "numba" or callable(env_creator):
+        return
+    what = "a callable that returns a new env, called once per copy"
+    if isinstance(env_creator, str):
+        from packrl import envs
+
+        hint = (f"backend='numba' for the packrl env {env_creator!r}" if env_creator in envs.names()
+                else f"lambda: gymnasium.make({env_creator!r})")
+        raise UsageError(f"vector.make takes an env creator ({what}), not the string {env_creator!r}; pass {hint}")
+    kind = f"{type(env_creator).__module__}.{type(env_creator).__name__}"
+    if hasattr(env_creator, "step") and hasattr(env_creator, "reset"):
+        raise UsageError(f"vector.make takes an env creator ({what}), not an env instance ({kind}); pass "
+                         "lambda: gymnasium.make(id) or a function that builds the env, so each copy is its own env")
+    raise UsageError(f"vector.make takes an env creator ({what}); got {kind}")
 
 
 def _require_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise EmulationError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise UsageError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
 __all__ = ["BACKENDS", "Batch", "Serial", "VectorEnv", "make"]

@@ -7,7 +7,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from packrl.errors import EmulationError, EnvError
+from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import ActionWriter, action_arrays
 from packrl.vector.runner import EnvSpec
 from packrl.vector.shared import BufferPlan
@@ -26,7 +26,7 @@ SEND_WITHOUT_RECV = "send() without recv(): call recv() (or reset) to get the ba
 def check_seed(seed: Any, num_envs: int) -> None:
     """A vector seed: env i gets ``seed + i``, so every one of them must be a non-negative int64."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= 2**63 - 1 - int(num_envs):
-        raise EmulationError(f"seed must be an int in [0, 2**63 - 1 - num_envs] (env i gets seed + i), got {seed!r}")
+        raise UsageError(f"seed must be an int in [0, 2**63 - 1 - num_envs] (env i gets seed + i), got {seed!r}")
 
 
 class Batch(NamedTuple):
@@ -124,7 +124,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def _check_started(self) -> None:
         if not self._started:
-            raise EmulationError("recv() before any reset: call reset() or async_reset() first")
+            raise UsageError("recv() before any reset: call reset() or async_reset() first")
 
     @property
     def synchronous(self) -> bool:
@@ -143,14 +143,14 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def _require_sync(self, what: str) -> None:
         self._check_usable()
         if not self.synchronous:
-            raise EmulationError(f"{what}() steps every env at once; with batch_size={self.batch_size} < "
+            raise UsageError(f"{what}() steps every env at once; with batch_size={self.batch_size} < "
                                  f"num_envs={self.num_envs} use async_reset(), recv() and send()")
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, list]:
         """Reset every env (env i with ``seed + i``); return ``(observations, infos)``."""
         self._require_sync("reset")
         if options is not None:
-            raise EmulationError("vector reset takes no options")
+            raise UsageError("vector reset takes no options")
         self.async_reset(seed)
         batch = self.recv()
         return batch.observations, batch.infos
@@ -209,7 +209,7 @@ class WorkerBackend(VectorEnv):
         self._check_usable()
         workers = self._last
         if workers is None:
-            raise EmulationError(SEND_WITHOUT_RECV)
+            raise UsageError(SEND_WITHOUT_RECV)
         env_ids = self._env_ids(workers)
         self._actions.write(actions, self._rows(env_ids), env_ids)
         return workers

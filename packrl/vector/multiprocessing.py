@@ -33,7 +33,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from packrl.errors import EmulationError
+from packrl.errors import UsageError
 from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
@@ -221,7 +221,7 @@ class Multiprocessing(WorkerBackend):
         self._check_usable()
         self._check_started()
         if self._last is not None:
-            raise EmulationError("recv() twice without send(): send the actions of the batch received first")
+            raise UsageError("recv() twice without send(): send the actions of the batch received first")
         workers = self._collect(self._batch_workers)
         if len(workers) > 1:
             workers.sort()
@@ -344,7 +344,7 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
     cores = os.cpu_count() or 1
     sync = batch_size is None or batch_size == num_envs
     if main_envs is not None and main_envs and not sync:
-        raise EmulationError(f"main_envs={main_envs} needs batch_size == num_envs: with batches the main "
+        raise UsageError(f"main_envs={main_envs} needs batch_size == num_envs: with batches the main "
                              "process runs the policy while the workers step")
     if num_workers is None:
         if sync and main_envs != 0:
@@ -353,7 +353,7 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
             num_workers = max(w for w in range(1, min(cores, num_envs) + 1) if num_envs % w == 0)
     num_workers = int(num_workers)
     if num_workers < 1:
-        raise EmulationError(f"num_workers={num_workers} must be at least 1 (backend='serial' uses none)")
+        raise UsageError(f"num_workers={num_workers} must be at least 1 (backend='serial' uses none)")
     if main_envs is None:
         main_envs = 0
         if sync:  # m = num_envs (mod num_workers), closest to an equal share, at most that share
@@ -362,7 +362,7 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
             main_envs = max(fits, default=0)
     main_envs = int(main_envs)
     if not 0 <= main_envs <= num_envs - num_workers or (num_envs - main_envs) % num_workers:
-        raise EmulationError(f"num_workers={num_workers} must divide the num_envs - main_envs = {num_envs} - "
+        raise UsageError(f"num_workers={num_workers} must divide the num_envs - main_envs = {num_envs} - "
                              f"{main_envs} envs the workers step (each worker steps at least one)")
     return num_workers, main_envs
 

@@ -19,7 +19,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from packrl.errors import EmulationError, EnvError
+from packrl.errors import EmulationError, EnvError, UsageError
 from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
@@ -197,10 +197,10 @@ class RayVectorEnv(WorkerBackend):
         """Wait for the first ``batch_size / envs_per_worker`` workers to reply; their batch."""
         self._check_usable()
         if self._last is not None:
-            raise EmulationError("recv() twice without send(): send the actions of the batch received first")
+            raise UsageError("recv() twice without send(): send the actions of the batch received first")
         need = self.batch_size // self.envs_per_worker
         if len(self._in_flight) < need:
-            raise EmulationError("recv() without reset: call reset() or async_reset() first")
+            raise UsageError("recv() without reset: call reset() or async_reset() first")
         workers_of = {ref: w for w, ref in self._in_flight.items()}
         ready, _ = ray.wait(list(workers_of), num_returns=need)
         workers = sorted(workers_of[ref] for ref in ready)
@@ -291,7 +291,7 @@ class RayVectorEnv(WorkerBackend):
 def _split(num_envs: int, num_workers: int, batch_size: int | None) -> int:
     """Envs per worker; refuse a split that leaves envs over or batches across workers."""
     if num_workers < 1 or num_envs % num_workers:
-        raise EmulationError(f"num_workers={num_workers} must divide num_envs={num_envs}")
+        raise UsageError(f"num_workers={num_workers} must divide num_envs={num_envs}")
     _check_batch(num_envs, batch_size, num_envs // num_workers)
     return num_envs // num_workers
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from packrl.errors import EmulationError, EnvError
+from packrl.errors import EnvError, UsageError
 from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
 
@@ -49,7 +49,7 @@ class Serial(VectorEnv):
         self._check_usable()
         self._check_started()
         if not self._sent:
-            raise EmulationError("recv() twice without send(): send the actions of the batch received first")
+            raise UsageError("recv() twice without send(): send the actions of the batch received first")
         b = self._next
         env_ids = self._all_env_ids[b * self.batch_size: (b + 1) * self.batch_size]
         infos = [{} for _ in range(len(env_ids))]
@@ -63,7 +63,7 @@ class Serial(VectorEnv):
         """Step the envs of the batch last received with ``actions`` (one entry per row)."""
         self._check_usable()
         if self._sent:
-            raise EmulationError(SEND_WITHOUT_RECV)
+            raise UsageError(SEND_WITHOUT_RECV)
         b = self._next
         first, count = b * self.batch_size, self.batch_size
         env_ids = self._all_env_ids[first: first + count]
@@ -79,7 +79,7 @@ class Serial(VectorEnv):
         the same checks, state and results, and the whole arrays rather than views of them."""
         self._require_sync("step")
         if self._sent:
-            raise EmulationError(SEND_WITHOUT_RECV)
+            raise UsageError(SEND_WITHOUT_RECV)
         self._actions.write(actions, slice(None), self._all_env_ids)
         infos = [{} for _ in range(self.num_envs)]
         for index, info in self._run(self._runner.step, 0, self.num_envs):
@@ -101,10 +101,10 @@ class Serial(VectorEnv):
 
 def _check_batch(num_envs: int, batch_size: int | None, envs_per_worker: int) -> None:
     if num_envs < 1:
-        raise EmulationError(f"num_envs must be at least 1, got {num_envs}")
+        raise UsageError(f"num_envs must be at least 1, got {num_envs}")
     if batch_size is None:
         return
     if not 1 <= batch_size <= num_envs or num_envs % batch_size or batch_size % envs_per_worker:
-        raise EmulationError(
+        raise UsageError(
             f"batch_size={batch_size} must divide num_envs={num_envs} and be a multiple of the "
             f"{envs_per_worker} env(s) each worker steps")
