@@ -1,5 +1,5 @@
 """A replay buffer that stores each observation once, a discount instead of a done, and samples n-step
-transitions.
+transitions, uniformly or by priority, onto the learner's device.
 
 Each row (agent) is its own stream of slots, dm_env style: a slot holds the observation an action was
 taken at, the action, the reward that followed, and the discount to the next slot (``gamma``, or 0 after a
@@ -7,37 +7,76 @@ termination). When an episode ends, the ended episode's final observation is wri
 that starts no transition (``last``), so a truncation bootstraps from it with discount ``gamma`` and the
 next episode's first observation is never used as the successor. No observation is stored twice:
 the successor of slot i is slot i + 1.
+
+Observations are stored as the env gives them (packed uint8 rows for structured spaces); ``sample(...,
+device=)`` hands them back nativized (``packrl.nativize``) on the learner's device. The index work (which
+slots start a transition, the n-step sums, the sum tree) is Numba, see ``replay_index`` and ``sumtree``;
+``save``/``load`` are in ``replay_store``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packrl.errors import UsageError
+from packrl.train import replay_index
+from packrl.train.sumtree import new_trees, tree_sample
+
 
 @dataclass
 class NStepBatch:
-    """``returns`` = sum of discounted rewards over ``steps`` slots; the target is
-    ``returns + discounts * V(next_observations)`` (``discounts`` is 0 after a termination)."""
+    """One sample. ``returns`` = sum of discounted rewards over ``steps`` slots; the target is
+    ``returns + discounts * V(next_observations)`` (``discounts`` is 0 after a termination, gamma**steps
+    otherwise). ``weights``: importance weights of a prioritized sample (ones when uniform), to multiply the
+    per-sample loss by. The observations, actions, returns, discounts and weights are numpy arrays, or torch
+    tensors on the device asked for; ``steps``, ``rows``, ``indices`` (the flat slots the transitions start
+    at) and ``stamps`` (which write of the slot was sampled) stay numpy, for ``update_priorities``."""
 
-    observations: np.ndarray
-    actions: np.ndarray
-    returns: np.ndarray
-    discounts: np.ndarray
-    next_observations: np.ndarray
+    observations: Any
+    actions: Any
+    returns: Any
+    discounts: Any
+    next_observations: Any
+    weights: Any
     steps: np.ndarray
     rows: np.ndarray
+    indices: np.ndarray
+    stamps: np.ndarray
 
 
 class ReplayBuffer:
-    """``capacity`` slots per row for ``num_rows`` rows (the vector env's agents)."""
+    """``capacity`` slots per row for ``num_rows`` rows (the vector env's agents).
 
-    def __init__(self, capacity: int, num_rows: int, observation_shape: tuple, observation_dtype: Any,
-                 action_shape: tuple = (), action_dtype: Any = np.int64, gamma: float = 0.99, seed: int | None = None):
-        if capacity < 2:
-            raise ValueError(f"capacity must hold at least 2 slots per row, got {capacity}")
+    ``layout``: the observation Layout; samples then come back nativized (the leaves' own dtypes and shapes)
+    instead of as rows, and ``observation_shape``/``dtype`` default to its packed rows. ``prioritized``:
+    proportional prioritized replay (Schaul et al. 2016): P(i) = p_i**alpha / sum_j p_j**alpha, new
+    transitions get the largest priority set so far, importance weights ``(N P(i))**-beta`` normalized by
+    the buffer's largest one. ``ReplayBuffer.for_env(env, capacity)`` reads all shapes from a packrl env."""
+
+    def __init__(self, capacity: int, num_rows: int, observation_shape: tuple | None = None,
+                 observation_dtype: Any = None, action_shape: tuple = (), action_dtype: Any = np.int64,
+                 gamma: float = 0.99, seed: int | None = None, *, layout: Any = None, prioritized: bool = False,
+                 alpha: float = 0.6, beta: float = 0.4, priority_eps: float = 1e-6):
+        capacity, num_rows = _count("capacity", capacity, 2), _count("num_rows", num_rows, 1)
+        if observation_shape is None or observation_dtype is None:
+            if layout is None:
+                raise UsageError("ReplayBuffer needs observation_shape and observation_dtype, or a layout")
+            observation_shape, observation_dtype = (layout.nbytes,), np.uint8
+        if not 0.0 <= float(gamma) <= 1.0:
+            raise UsageError(f"ReplayBuffer gamma must be in [0, 1], got {gamma}")
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not 0.0 <= float(value):
+                raise UsageError(f"ReplayBuffer {name} must be >= 0, got {value}")
+        if not float(priority_eps) > 0.0:
+            raise UsageError(f"ReplayBuffer priority_eps must be > 0, got {priority_eps}")
         self.capacity, self.num_rows, self.gamma = capacity, num_rows, float(gamma)
+        self.layout = layout
+        self.prioritized, self.alpha, self.beta, self.priority_eps = bool(prioritized), float(alpha), float(beta), float(priority_eps)
+        self.max_priority = 1.0
+        slots = capacity * num_rows
         self.observations = np.zeros((capacity, num_rows, *observation_shape), observation_dtype)
         self.actions = np.zeros((capacity, num_rows, *action_shape), action_dtype)
         self.rewards = np.zeros((capacity, num_rows), np.float32)
@@ -45,68 +84,241 @@ class ReplayBuffer:
         self.last = np.zeros((capacity, num_rows), bool)
         self.ptr = np.zeros(num_rows, np.int64)  # next physical slot to write, per row
         self.count = np.zeros(num_rows, np.int64)  # slots held, per row
+        self.starts = np.zeros(slots, np.int64)  # starts[:held] are the flat slots that start a transition
+        self.where = np.full(slots, -1, np.int64)  # position of a flat slot in starts, or -1
+        self.held = np.zeros(1, np.int64)
+        if self.prioritized:
+            self.sums, self.mins = new_trees(slots)
+            self.stamps, self.clock = np.zeros(slots, np.int64), np.zeros(1, np.int64)
+        else:
+            self.sums, self.mins = np.zeros(0), np.zeros(0)
+            self.stamps, self.clock = np.zeros(0, np.int64), np.zeros(1, np.int64)
         self.rng = np.random.default_rng(seed)
+        self._staging: dict = {}
+
+    @classmethod
+    def for_env(cls, env: Any, capacity: int, **kwargs: Any) -> "ReplayBuffer":
+        """A buffer shaped for a packrl env or vector env: its rows (``num_agents``), its observation rows
+        and Layout, its policy-facing action."""
+        obs_space, act_space = env.single_observation_space, env.single_action_space
+        layout = getattr(getattr(env, "emulated", None), "observation", None)
+        rows = getattr(env, "num_agents", None) or getattr(env, "num_envs", 1)
+        return cls(capacity, rows, tuple(obs_space.shape), obs_space.dtype, tuple(act_space.shape or ()),
+                   act_space.dtype, layout=layout, **kwargs)
 
     def __len__(self) -> int:
+        """Slots held (steps and final observations)."""
         return int(self.count.sum())
+
+    @property
+    def transitions(self) -> int:
+        """Slots that start a transition now: what ``sample`` draws from."""
+        return int(self.held[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array the buffer holds (storage, index, trees)."""
+        arrays = (self.observations, self.actions, self.rewards, self.discounts, self.last, self.ptr, self.count,
+                  self.starts, self.where, self.held, self.sums, self.mins, self.stamps, self.clock)
+        return sum(a.nbytes for a in arrays)
+
+    # ------------------------------------------------------------ writing
 
     def add(self, observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminals: np.ndarray,
             truncations: np.ndarray, final_observations: np.ndarray, masks: np.ndarray | None = None) -> None:
-        """One vector-env step: ``observations`` the actions were taken at, then what the step returned.
-        Masked rows (absent agents) write nothing."""
-        rows = np.arange(self.num_rows) if masks is None else np.flatnonzero(masks)
-        ended = (np.asarray(terminals) | np.asarray(truncations))[rows]
-        self._write(rows, observations[rows], actions[rows], rewards[rows],
-                    np.where(np.asarray(terminals)[rows], 0.0, self.gamma), last=False)
-        done = rows[ended]
+        """One vector-env step: ``observations`` the actions were taken at, then what the step returned
+        (``final_observations`` is read only at rows whose episode ended). Masked rows (absent agents) write
+        nothing."""
+        observations = self._checked_observations("observations", observations)
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_rows, *self.actions.shape[2:]) or not np.can_cast(actions.dtype, self.actions.dtype, "same_kind"):
+            raise UsageError(f"ReplayBuffer.add: actions must be {self.actions.dtype} {(self.num_rows, *self.actions.shape[2:])}, "
+                             f"got {actions.dtype} {actions.shape}")
+        rewards, terminals, truncations = (self._checked_flags(name, value, dtype) for name, value, dtype in
+                                           (("rewards", rewards, np.float32), ("terminals", terminals, bool),
+                                            ("truncations", truncations, bool)))
+        rows = np.arange(self.num_rows) if masks is None else np.flatnonzero(self._checked_flags("masks", masks, bool))
+        self._write(rows, False, observations[rows], actions[rows], rewards[rows],
+                    np.where(terminals[rows], 0.0, self.gamma))
+        done = rows[(terminals | truncations)[rows]]
         if done.size:
-            self._write(done, final_observations[done], np.zeros_like(actions[done]), np.zeros(done.size),
-                        np.zeros(done.size), last=True)
+            finals = self._checked_observations("final_observations", final_observations)
+            self._write(done, True, finals[done], 0, 0.0, 0.0)
 
-    def _write(self, rows: np.ndarray, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-               discounts: np.ndarray, last: bool) -> None:
-        slot = self.ptr[rows]
-        self.observations[slot, rows] = obs
-        self.actions[slot, rows] = actions
-        self.rewards[slot, rows] = rewards
-        self.discounts[slot, rows] = discounts
-        self.last[slot, rows] = last
-        self.ptr[rows] = (slot + 1) % self.capacity
-        self.count[rows] = np.minimum(self.count[rows] + 1, self.capacity)
+    def _write(self, rows: np.ndarray, is_last: bool, obs: np.ndarray, actions: Any, rewards: Any, discounts: Any) -> None:
+        slots = np.empty(rows.size, np.int64)
+        new_priority = self.max_priority ** self.alpha
+        replay_index.advance(rows, is_last, self.ptr, self.count, self.last, self.starts, self.where, self.held,
+                             self.sums, self.mins, new_priority, self.stamps, self.clock, slots)
+        self.observations[slots, rows] = obs
+        self.actions[slots, rows] = actions
+        self.rewards[slots, rows] = rewards
+        self.discounts[slots, rows] = discounts
 
-    def sample(self, batch_size: int, n: int = 1) -> NStepBatch:
-        """Uniform over slots that start a transition and already have a successor; n-step returns stop
-        early at an episode's final observation or at the newest slot of the row."""
-        starts = np.maximum(self.count - 1, 0)  # the newest slot of a row has no successor yet
-        if starts.sum() == 0:
-            raise ValueError("the replay buffer holds no transition yet (every row needs two slots)")
-        rows, pos = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
-        todo = np.arange(batch_size)
-        for _ in range(1000):  # rejection of `last` slots, which are a small share of any buffer
-            r = self.rng.choice(self.num_rows, size=todo.size, p=starts / starts.sum())
-            p = (self.rng.random(todo.size) * starts[r]).astype(np.int64)
-            ok = ~self.last[self._slot(r, p), r]
-            rows[todo[ok]], pos[todo[ok]] = r[ok], p[ok]
-            todo = todo[~ok]
-            if todo.size == 0:
-                break
+    def _checked_observations(self, name: str, value: Any) -> np.ndarray:
+        value = np.asarray(value)
+        want = (self.num_rows, *self.observations.shape[2:])
+        if value.shape != want or value.dtype != self.observations.dtype:
+            raise UsageError(f"ReplayBuffer.add: {name} must be {self.observations.dtype} {want} (stored as they are, "
+                             f"never cast), got {value.dtype} {value.shape}")
+        return value
+
+    def _checked_flags(self, name: str, value: Any, dtype: Any) -> np.ndarray:
+        value = np.asarray(value)
+        if value.shape != (self.num_rows,):
+            raise UsageError(f"ReplayBuffer.add: {name} must have shape ({self.num_rows},), got {value.shape}")
+        if dtype is bool and value.dtype != bool:
+            raise UsageError(f"ReplayBuffer.add: {name} must be bool, got {value.dtype}")
+        if dtype is not bool and value.dtype.kind not in "fiu":
+            raise UsageError(f"ReplayBuffer.add: {name} must be real numbers, got {value.dtype}")
+        return value
+
+    # ------------------------------------------------------------ sampling
+
+    def sample(self, batch_size: int, n: int = 1, device: Any = None, beta: float | None = None) -> NStepBatch:
+        """``batch_size`` n-step transitions: uniform over the slots that start one, or by priority. n-step
+        returns stop early at an episode's final observation or at the newest slot of the row.
+        ``device``: None gives numpy arrays; a torch device gives tensors there (nativized observations when
+        the buffer has a layout): zero-copy views of the gathered rows on CPU, pinned host buffers and
+        non-blocking copies on CUDA. ``beta`` overrides the buffer's for this sample (to anneal it)."""
+        batch_size, n = _count("batch_size", batch_size, 1), _count("n", n, 1)
+        held = int(self.held[0])
+        if held == 0:
+            raise UsageError("the replay buffer holds no transition yet (a row needs a step and its successor)")
+        flat = np.empty(batch_size, np.int64)
+        if self.prioritized:
+            tree_sample(self.sums, self.rng.random(batch_size), flat)
         else:
-            raise ValueError("the replay buffer holds no slot that starts a transition")
-        slot = self._slot(rows, pos)
-        returns, discount = np.zeros(batch_size, np.float64), np.ones(batch_size, np.float64)
-        steps, going = np.zeros(batch_size, np.int64), np.ones(batch_size, bool)
-        for k in range(n):
-            s = self._slot(rows, pos + k)
-            returns += np.where(going, discount * self.rewards[s, rows], 0.0)
-            discount = np.where(going, discount * self.discounts[s, rows], discount)
-            steps += going
-            # Stop when the successor is an episode's final observation or the newest slot of the row.
-            nxt = pos + k + 1
-            going &= (nxt < self.count[rows] - 1) & ~self.last[self._slot(rows, nxt), rows]
-        nxt_slot = self._slot(rows, pos + steps)
-        return NStepBatch(self.observations[slot, rows], self.actions[slot, rows], returns.astype(np.float32),
-                          discount.astype(np.float32), self.observations[nxt_slot, rows], steps, rows)
+            flat = self.starts[self.rng.integers(0, held, batch_size)]
+        host = self._host_buffers(batch_size, device)
+        steps, next_flat = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
+        replay_index.nstep(flat, n, self.ptr, self.count, self.last, self.rewards, self.discounts,
+                           host["returns"], host["discounts"], steps, next_flat)
+        if self.prioritized:
+            replay_index.importance_weights(self.sums, self.mins, flat, self.beta if beta is None else float(beta),
+                                            host["weights"])
+        else:
+            host["weights"].fill(1.0)
+        slots = self.capacity * self.num_rows
+        np.take(self.observations.reshape(slots, *self.observations.shape[2:]), flat, axis=0, out=host["observations"])
+        np.take(self.observations.reshape(slots, *self.observations.shape[2:]), next_flat, axis=0, out=host["next_observations"])
+        np.take(self.actions.reshape(slots, *self.actions.shape[2:]), flat, axis=0, out=host["actions"])
+        out = host if device is None else self._to_device(host, device)
+        stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
+        return NStepBatch(self._native(out["observations"]), out["actions"], out["returns"], out["discounts"],
+                          self._native(out["next_observations"]), out["weights"], steps, flat % self.num_rows, flat,
+                          stamps)
 
-    def _slot(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Logical position (0 = oldest held slot of the row) -> physical slot."""
-        return (self.ptr[rows] - self.count[rows] + pos) % self.capacity
+    def _native(self, rows: Any) -> Any:
+        if self.layout is None:
+            return rows
+        from packrl.nativize import nativize
+
+        return nativize(rows, self.layout)
+
+    def _host_buffers(self, batch_size: int, device: Any) -> dict:
+        """Fresh arrays (numpy, or CPU tensors' own memory), or, for CUDA, the next of two pinned sets."""
+        shapes = {"observations": ((batch_size, *self.observations.shape[2:]), self.observations.dtype),
+                  "next_observations": ((batch_size, *self.observations.shape[2:]), self.observations.dtype),
+                  "actions": ((batch_size, *self.actions.shape[2:]), self.actions.dtype),
+                  "returns": ((batch_size,), np.float32), "discounts": ((batch_size,), np.float32),
+                  "weights": ((batch_size,), np.float32)}
+        if device is None or not _is_cuda(device):
+            return {name: np.empty(shape, dtype) for name, (shape, dtype) in shapes.items()}
+        return self._pinned(batch_size, shapes)
+
+    def _pinned(self, batch_size: int, shapes: dict) -> dict:
+        """Two sets of pinned host buffers per batch size, used in turn. Each set's CUDA event is recorded
+        after its copies are queued, and waited on before the set is written again, so a buffer is never
+        overwritten while its non-blocking copy may still read it."""
+        import torch
+
+        sets = self._staging.setdefault(batch_size, {"turn": 0, "sets": [None, None]})
+        turn = sets["turn"]
+        sets["turn"] ^= 1
+        if sets["sets"][turn] is None:
+            tensors = {name: torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=True)
+                       for name, (shape, dtype) in shapes.items()}
+            sets["sets"][turn] = (tensors, torch.cuda.Event())
+        tensors, event = sets["sets"][turn]
+        event.synchronize()
+        self._pending_event = event
+        return {name: t.numpy() for name, t in tensors.items()}
+
+    def _to_device(self, host: dict, device: Any) -> dict:
+        import torch
+
+        device = torch.device(device)
+        if device.type == "cpu":
+            return {name: torch.from_numpy(a) for name, a in host.items()}
+        out = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in host.items()}
+        if device.type == "cuda":
+            self._pending_event.record()
+        return out
+
+    # ------------------------------------------------------------ priorities
+
+    def update_priorities(self, batch: NStepBatch, priorities: Any) -> int:
+        """New priorities (for example |TD error|) for the transitions of ``batch``. A slot overwritten since
+        it was sampled keeps its priority (the batch's transition is gone); returns how many were skipped."""
+        if not self.prioritized:
+            raise UsageError("update_priorities needs a buffer made with prioritized=True")
+        if hasattr(priorities, "detach"):
+            priorities = priorities.detach().cpu().numpy()
+        priorities = np.asarray(priorities, np.float64)
+        if priorities.shape != batch.indices.shape:
+            raise UsageError(f"update_priorities: priorities must have shape {batch.indices.shape} (one per sampled "
+                             f"transition), got {priorities.shape}")
+        if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
+            bad = int(np.flatnonzero(~np.isfinite(priorities) | (priorities < 0))[0])
+            raise UsageError(f"update_priorities: priorities must be finite and >= 0; sample {bad} has {priorities[bad]}")
+        priorities = priorities + self.priority_eps
+        self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
+        return int(replay_index.set_priorities(self.sums, self.mins, self.where, self.stamps, batch.indices,
+                                               batch.stamps, priorities ** self.alpha))
+
+    def probabilities(self) -> np.ndarray:
+        """P(flat slot) for every slot, shape ``(capacity, num_rows)`` (0 where no transition starts)."""
+        slots = self.capacity * self.num_rows
+        if self.prioritized:
+            leaves = self.sums[self.sums.size // 2:][:slots]
+            p = leaves / self.sums[1] if self.sums[1] > 0 else np.zeros(slots)
+        else:
+            p = np.zeros(slots)
+            p[self.starts[:self.transitions]] = 1.0 / max(self.transitions, 1)
+        return p.reshape(self.capacity, self.num_rows)
+
+    # ------------------------------------------------------------ files
+
+    def save(self, path: str | Path) -> Path:
+        """Write the buffer into the folder ``path`` (safetensors arrays + JSON metadata with their SHA-256,
+        no pickle): ``load`` gives a buffer that samples exactly what this one would, RNG state included."""
+        from packrl.train.replay_store import save_buffer
+
+        return save_buffer(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReplayBuffer":
+        """The buffer saved in ``path``; the SHA-256 is checked before any array is read
+        (``packrl.checkpoint.CheckpointError`` on a mismatch or a malformed file)."""
+        from packrl.train.replay_store import load_buffer
+
+        return load_buffer(cls, path)
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise UsageError(f"ReplayBuffer {name} must be an int >= {least}, got {value!r}")
+    return int(value)
+
+
+def _is_cuda(device: Any) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.empty(0, dtype)).dtype
