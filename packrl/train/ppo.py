@@ -6,10 +6,16 @@ training device, compute advantages that know termination from truncation (``adv
 losses. Rows that are masked (dead or absent agents, AEC agents waiting for their turn) contribute
 nothing to any loss or statistic. With ``torch.distributed`` initialised (``torchrun``), every rank
 steps its own envs and gradients are averaged across ranks before each optimizer step.
+
+Steps are agent steps: rows that acted (an AEC env adds one per turn, a Parallel env one per live agent).
+Nothing non-finite is trained on: a NaN or infinite reward or observation, loss, gradient or parameter
+raises ``NonFiniteError`` naming the first one (env row and leaf, or epoch and minibatch).
 """
 from __future__ import annotations
 
+import base64
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -19,8 +25,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from packrl.errors import PackrlError
 from packrl.nativize import torch_dtype
 from packrl.train.advantage import compute_advantages
+
+
+class NonFiniteError(PackrlError, FloatingPointError):
+    """A NaN or infinity reached training. ``stats`` holds what the iteration had measured when it stopped."""
+
+    def __init__(self, message: str, stats: dict):
+        super().__init__(message)
+        self.stats = stats
+
+
+def seed_everything(seed: int) -> None:
+    """The one place a run's seed reaches Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 @dataclass
@@ -59,9 +81,11 @@ class PPOConfig:
 
 @dataclass
 class EpisodeTracker:
-    """Per-row return and length, recorded when a row's episode ends (masked steps add nothing)."""
+    """Per-row return and length, recorded when a row's episode ends (masked steps add nothing).
+    ``agents[row]`` names the agent of each row (``None``: one agent, no per-agent figures)."""
 
     num_rows: int
+    agents: tuple | None = None
     returns: np.ndarray = field(init=False)
     lengths: np.ndarray = field(init=False)
     finished: list = field(default_factory=list)
@@ -75,13 +99,33 @@ class EpisodeTracker:
         self.lengths += acted
         if ended.any():
             for row in np.flatnonzero(ended):
-                self.finished.append((float(self.returns[row]), int(self.lengths[row])))
+                self.finished.append((float(self.returns[row]), int(self.lengths[row]), int(row)))
             self.returns[ended] = 0.0
             self.lengths[ended] = 0
 
-    def pop(self) -> list[tuple[float, int]]:
+    def pop(self) -> dict[str, float]:
+        """The statistics of the episodes ended since the last pop: count, mean return and length, and
+        with several agents per env the mean return of each agent (``episode_return/<agent>``)."""
         done, self.finished = self.finished, []
-        return done
+        stats: dict[str, float] = {"episodes": len(done)}
+        if done:
+            stats["episode_return"] = float(np.mean([r for r, _, _ in done]))
+            stats["episode_length"] = float(np.mean([n for _, n, _ in done]))
+        if self.agents is not None:
+            per_agent: dict[str, list] = {}
+            for ret, _, row in done:
+                per_agent.setdefault(str(self.agents[row]), []).append(ret)
+            stats.update({f"episode_return/{agent}": float(np.mean(r)) for agent, r in per_agent.items()})
+        return stats
+
+
+def row_agents(vecenv: Any) -> tuple | None:
+    """The agent name of every row when each env holds several agents (PettingZoo), else None."""
+    per_env = getattr(vecenv, "agents_per_env", 1)
+    names = tuple(getattr(vecenv, "possible_agents", ()))
+    if per_env <= 1 or len(names) != per_env:
+        return None
+    return tuple(names[row % per_env] for row in range(vecenv.num_agents))
 
 
 class PPO:
@@ -109,14 +153,22 @@ class PPO:
         self.num_rows = vecenv.num_agents
         self.global_step = 0  # agent steps (acting rows) summed over ranks
         self.iteration = 0
-        self.episodes = EpisodeTracker(self.num_rows)
+        self.episodes = EpisodeTracker(self.num_rows, row_agents(vecenv))
         self._allocate_storage()
-        obs, _ = vecenv.reset(seed=cfg.seed + self.rank * getattr(vecenv, "num_envs", self.num_rows))
-        T = cfg.num_steps  # the slot after the rollout holds what the next step starts from
+        self.reset_envs(0)
+
+    def reset_envs(self, iteration: int) -> None:
+        """Reset every env with a seed that depends only on (seed, iteration, rank): env i of rank r gets
+        ``seed + (iteration * world + r) * num_envs + i``, so a run resumed at an iteration boundary
+        seeds its envs the same way every time it is resumed there."""
+        num_envs = getattr(self.env, "num_envs", self.num_rows)
+        obs, _ = self.env.reset(seed=self.config.seed + (iteration * self.world + self.rank) * num_envs)
+        T = self.config.num_steps  # the slot after the rollout holds what the next step starts from
         self._put(T, "obs", obs)
-        self._put(T, "mask", vecenv.masks)
+        self._put(T, "mask", self.env.masks)
         self._slots["start"][T] = True
-        self.state = policy.initial_state(self.num_rows, self.device)
+        self.state = self.policy.initial_state(self.num_rows, self.device)
+        self.episodes = EpisodeTracker(self.num_rows, self.episodes.agents)  # no half episode is counted
 
     # ------------------------------------------------------------------ storage
 
@@ -229,10 +281,60 @@ class PPO:
         with self._autocast():
             _, next_value, _ = self.forward_eval(self._slots["obs"][T], self.state, self._slots["start"][T])
         self.next_value = next_value.float().reshape(-1)
+        self._check_env_values()
         acted = int(self.masks.sum())
         acted = _all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
+
+    def _check_env_values(self) -> None:
+        """Refuse a rollout in which the env gave a NaN or infinite reward (any row) or observation (a row
+        that acted on it), naming the first by step, env row and leaf. One host sync when all is finite."""
+        T = self.config.num_steps
+        checks = [("reward", ~torch.isfinite(self.rewards), self.rewards, list(range(self.num_rows)))]
+        for name, values, rows in self._float_observation_leaves():
+            bad = ~torch.isfinite(values).reshape(T, len(rows), -1).all(-1)
+            checks.append((f"observation leaf {name}", self._scatter_rows(bad, rows) & self.masks, values, rows))
+        if not bool(torch.stack([bad.any() for _, bad, _, _ in checks]).any()):
+            return
+        firsts = []
+        for what, bad, values, rows in checks:
+            if bool(bad.any()):
+                t, row = (int(i) for i in torch.nonzero(bad)[0])  # row-major: the earliest step first
+                held = values[t, rows.index(row)].reshape(-1)
+                firsts.append((t, row, what, float(held[~torch.isfinite(held)][0])))
+        t, row, what, value = min(firsts)
+        env_index = row // getattr(self.env, "agents_per_env", 1)
+        raise NonFiniteError(f"iteration {self.iteration + 1}, rollout step {t}: env row {row} (env {env_index}) "
+                             f"gave a non-finite {what}: {value} (the first non-finite value of the rollout)", {})
+
+    def _float_observation_leaves(self) -> list[tuple[str, torch.Tensor, list[int]]]:
+        """(leaf name, (T, rows, ...) typed view of the stored observations, rows) for every float leaf."""
+        obs = self.obs
+        if obs.dtype != torch.uint8:  # a Box observation passed through as it is
+            return [("(the Box observation)", obs, list(range(self.num_rows)))] if obs.is_floating_point() else []
+        emulated = getattr(self.env, "emulated", None)
+        if emulated is None:
+            return []
+        leaves = []
+        described = len(emulated.row_group)  # rows of one env (vector backends) or of all envs (Numba)
+        for group in emulated.groups:
+            rows = sorted(e * described + r for e in range(max(self.num_rows // described, 1)) for r in group.rows)
+            for leaf in group.observation.leaves:
+                if leaf.dtype.kind == "f" and leaf.nbytes:
+                    view = obs[..., leaf.offset:leaf.offset + leaf.nbytes]
+                    if rows != list(range(self.num_rows)):
+                        view = view[:, rows]
+                    name = f"{leaf.name} (agent group {group.index})" if emulated.heterogeneous else leaf.name
+                    leaves.append((name, view.view(torch_dtype(leaf.dtype)), rows))
+        return leaves
+
+    def _scatter_rows(self, bad: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        if len(rows) == self.num_rows and rows == list(range(self.num_rows)):
+            return bad
+        full = torch.zeros((bad.shape[0], self.num_rows), dtype=torch.bool, device=bad.device)
+        full[:, rows] = bad
+        return full
 
     def _final_values(self, final_obs: np.ndarray, rows: np.ndarray) -> torch.Tensor:
         """V(final observation) of rows that truncated, from the state that saw their episode."""
@@ -278,7 +380,8 @@ class PPO:
         # sync here saves a where and a division in every mean of every minibatch.
         all_acting = bool(self.masks.all())
         # Statistics stay tensors until the end: one host sync per update, not one per minibatch.
-        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy")}
+        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy", "grad_norm")}
+        positions: list[tuple[int, int]] = []  # (epoch, minibatch) of each entry of stats
         kl_parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logratio, mask) of each minibatch
         params = [p for p in self.policy.parameters() if p.requires_grad]
         for epoch in range(cfg.update_epochs):
@@ -287,6 +390,7 @@ class PPO:
             b_advantages, b_returns = self._segments(advantages), self._segments(returns)
             order = torch.randperm(num_segments, device=self.device)
             for first in range(0, num_segments, minibatch):
+                positions.append((epoch, first // minibatch))
                 mb = order[first:first + minibatch]
                 if all_acting:
                     mask, masked_mean = None, torch.mean
@@ -350,22 +454,46 @@ class PPO:
                 loss.backward()
                 if self.world > 1:
                     _average_gradients(self.policy)
-                _clip_grad_norm(params, cfg.max_grad_norm)
+                grad_norm = _clip_grad_norm(params, cfg.max_grad_norm)
                 self.optimizer.step()
                 stats["pg_loss"].append(pg_loss.detach())
                 stats["v_loss"].append(v_loss.detach())
                 stats["entropy"].append(entropy_loss.detach())
+                stats["grad_norm"].append(grad_norm)
 
             if cfg.target_kl is not None and _kl_statistics(kl_parts, cfg.clip_coef)["approx_kl"].item() > cfg.target_kl:
                 break
 
-        out = {k: torch.stack(v).mean() for k, v in stats.items()}
+        per_minibatch = {k: torch.stack(v) for k, v in stats.items()}
+        parameter_norms = torch.stack(torch._foreach_norm(params)) if params else torch.zeros(0, device=self.device)
+        out = {k: v.mean() for k, v in per_minibatch.items()}
         out.update(_kl_statistics(kl_parts, cfg.clip_coef))
+        out["all_finite"] = torch.isfinite(torch.cat([v.float() for v in (*per_minibatch.values(), parameter_norms)])).all()
         out = {k: v.item() for k, v in out.items()}
         out["explained_variance"] = _explained_variance(self.values, returns, self.masks)
         out["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         out["update_seconds"] = time.perf_counter() - start_time
+        if not out.pop("all_finite"):
+            raise NonFiniteError(self._first_non_finite(per_minibatch, positions, parameter_norms), out)
         return out
+
+    def _first_non_finite(self, per_minibatch: dict[str, torch.Tensor], positions: list[tuple[int, int]],
+                          parameter_norms: torch.Tensor) -> str:
+        """Which quantity of the update went non-finite first: a loss term or the gradient of a minibatch, in
+        the order they were computed, else a parameter (by name)."""
+        where = f"iteration {self.iteration + 1}"
+        names = {"pg_loss": "policy loss", "v_loss": "value loss", "entropy": "entropy", "grad_norm": "gradient norm"}
+        values = {k: v.tolist() for k, v in per_minibatch.items()}
+        for i, (epoch, mb) in enumerate(positions):
+            for key, label in names.items():
+                if not math.isfinite(values[key][i]):
+                    return (f"{where}, epoch {epoch + 1}, minibatch {mb + 1}: the {label} is {values[key][i]} "
+                            "(the first non-finite quantity of the update)")
+        named = [n for n, p in self.policy.named_parameters() if p.requires_grad]
+        for name, norm in zip(named, parameter_norms.tolist()):
+            if not math.isfinite(norm):
+                return f"{where}: parameter {name!r} holds a non-finite value after the update"
+        return f"{where}: a non-finite value in the update"
 
     @torch.no_grad()
     def _current_ratios(self, b_obs: torch.Tensor, b_states: tuple, b_starts: torch.Tensor, b_actions: Any,
@@ -380,33 +508,74 @@ class PPO:
     # ------------------------------------------------------------------ loop
 
     def train(self, total_steps: int, callback: Callable[[dict], Any] | None = None) -> list[dict]:
-        """Iterate until ``total_steps`` agent steps (all ranks). ``callback(stats)`` after each iteration;
+        """Iterate until the run has taken ``total_steps`` agent steps (acting rows, all ranks), counting
+        the steps of a restored state (``load_state``): a resumed run continues, it does not start over.
+        The learning rate anneals linearly with the steps taken. ``callback(stats)`` after each iteration;
         returning a false value other than None (``False``, ``np.False_``, 0) stops early; returning
         nothing goes on. Returns the per-iteration stats."""
         cfg = self.config
-        steps_per_iteration = cfg.num_steps * self.num_rows * self.world
-        num_iterations = max(math.ceil(total_steps / steps_per_iteration), 1)
         history = []
-        for iteration in range(1, num_iterations + 1):
+        while self.global_step < total_steps:
             if cfg.anneal_lr:
-                self.optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * cfg.learning_rate
+                self.optimizer.param_groups[0]["lr"] = (1.0 - self.global_step / total_steps) * cfg.learning_rate
             tic = time.perf_counter()
+            before = self.global_step
             stats = self.collect()
+            if self.global_step == before:
+                raise RuntimeError(f"iteration {self.iteration + 1}: no row acted in {cfg.num_steps} steps; "
+                                   "the env masks every row, so training cannot advance")
             stats.update(self.update())
             self.iteration += 1
-            episodes = self.episodes.pop()
             stats.update(iteration=self.iteration, global_step=self.global_step,
-                         sps=stats["agent_steps"] / (time.perf_counter() - tic), episodes=len(episodes))
-            if episodes:
-                stats["episode_return"] = float(np.mean([r for r, _ in episodes]))
-                stats["episode_length"] = float(np.mean([n for _, n in episodes]))
+                         sps=stats["agent_steps"] / (time.perf_counter() - tic))
+            stats.update(self.episodes.pop())
             history.append(stats)
             if callback is not None and _stops(callback(stats)):
                 break
         return history
 
+    # ------------------------------------------------------------------ resuming
+
+    def state(self) -> dict:
+        """What a resumed run needs besides the weights and the optimizer: counters and every RNG state,
+        as JSON-able data (the RNG states as base64 strings)."""
+        np_state = np.random.get_state()
+        return {
+            "global_step": self.global_step, "iteration": self.iteration,
+            "rng": {"torch": _b64(torch.get_rng_state()),
+                    "cuda": [_b64(t) for t in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+                    "numpy": [np_state[0], _b64(torch.from_numpy(np_state[1].astype(np.uint32).view(np.uint8))),
+                              int(np_state[2]), int(np_state[3]), float(np_state[4])],
+                    "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]},
+        }
+
+    def load_state(self, state: dict, policy_state: dict, optimizer_state: dict | None) -> None:
+        """Continue from ``state()`` and the saved weights and optimizer: counters, RNG states, and envs
+        reset with the seeds of the iteration the state was taken at (``reset_envs``)."""
+        self.policy.load_state_dict(policy_state)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.reset_envs(self.iteration)
+        rng = state["rng"]
+        torch.set_rng_state(_unb64(rng["torch"]))
+        if rng.get("cuda") and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([_unb64(t) for t in rng["cuda"]])
+        name, keys, pos, has_gauss, gauss = rng["numpy"]
+        np.random.set_state((name, _unb64(keys).numpy().view(np.uint32), pos, has_gauss, gauss))
+        version, internal, gauss_next = rng["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+
     def hyperparameters(self) -> dict:
         return asdict(self.config)
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
 def _stops(answer: Any) -> bool:
@@ -474,18 +643,18 @@ class _FusedAdam(torch.optim.Adam):
         return params, grads, cache[2], cache[3], cache[4]
 
 
-def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``nn.utils.clip_grad_norm_`` (same norm, same 1e-6, same clamp at 1) for parameters that share one
     device and dtype, without its per-call grouping of tensors (which costs more than the clipping of
-    a small network)."""
+    a small network). Returns the norm before clipping (0 without gradients)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return
+        return torch.zeros((), device=params[0].device if params else "cpu")
     if len({(g.device, g.dtype) for g in grads}) > 1:
-        nn.utils.clip_grad_norm_(params, max_norm)
-        return
+        return nn.utils.clip_grad_norm_(params, max_norm).float()
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor | None]], clip_coef: float) -> dict[str, torch.Tensor]:
