@@ -68,23 +68,55 @@ class Emulated:
         return rows[..., list(group.rows), : group.observation.nbytes]
 
     def row_of(self, agent: Any) -> int:
-        if isinstance(agent, (int, np.integer)) and not isinstance(agent, bool) and agent not in self.agents:
-            if 0 <= agent < len(self.agents):
+        """The row of ``agent``, given by name or by row number. An int that is one agent's name and
+        another agent's row is refused as ambiguous (``row_of_agent``/``*_for_row`` say which)."""
+        if type(agent) is int or isinstance(agent, np.integer):
+            named = self.agents.index(agent) if agent in self.agents else None
+            in_range = 0 <= agent < len(self.agents)
+            if named is not None and in_range and named != agent:
+                raise EmulationError(
+                    f"{agent!r} is ambiguous: it names agent {agent!r} (row {named}) and is the row of agent "
+                    f"{self.agents[int(agent)]!r}; use observation_for_agent/action_for_agent/row_of_agent for a "
+                    "name, observation_for_row/action_for_row for a row")
+            if named is None and in_range:
                 return int(agent)
+        return self.row_of_agent(agent)
+
+    def row_of_agent(self, agent: Any) -> int:
+        """The row of the agent named ``agent`` (names only: an int is a name here)."""
         try:
             return self.agents.index(agent)
         except ValueError:
             raise EmulationError(f"agent {agent!r} is not one of the env's possible agents {list(self.agents)}") from None
 
+    def _row(self, row: Any) -> int:
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(self.agents):
+            raise EmulationError(f"row {row!r} is not a row of this env: rows are 0..{len(self.agents) - 1}")
+        return int(row)
+
     def group_for(self, agent: Any) -> Group:
-        """The group of an agent, by name or row."""
+        """The group of an agent, by name or row (``row_of``: an ambiguous int is refused)."""
         return self.groups[self.row_group[self.row_of(agent)]]
 
     def observation_for(self, agent: Any) -> Layout:
+        """One agent's observation layout, by name or row (an ambiguous int is refused)."""
         return self.group_for(agent).observation
 
     def action_for(self, agent: Any) -> ActionLayout:
+        """One agent's action layout, by name or row (an ambiguous int is refused)."""
         return self.group_for(agent).action
+
+    def observation_for_agent(self, agent: Any) -> Layout:
+        return self.groups[self.row_group[self.row_of_agent(agent)]].observation
+
+    def action_for_agent(self, agent: Any) -> ActionLayout:
+        return self.groups[self.row_group[self.row_of_agent(agent)]].action
+
+    def observation_for_row(self, row: int) -> Layout:
+        return self.groups[self.row_group[self._row(row)]].observation
+
+    def action_for_row(self, row: int) -> ActionLayout:
+        return self.groups[self.row_group[self._row(row)]].action
 
 
 def group_agents(agents: tuple, observation_spaces: dict, action_spaces: dict, round_floats: bool = False,

@@ -9,6 +9,7 @@ from gymnasium import spaces
 
 from packrl.emulation.actions import table_choice
 from packrl.emulation.emulated import Emulated, group_agents
+from packrl.emulation.step_checks import F32_MAX, MULTI_AGENT_HINT, checked_flag, checked_reward
 from packrl.errors import EmulationError
 
 AGENT = "agent_0"
@@ -25,13 +26,17 @@ class GymnasiumEmulation:
     episode, written on the step it ends). No autoreset: after an end, call ``reset``
     (vector backends do it in the same step). A plain Box observation passes through: rows
     are the Box itself (its dtype and shape), written without a packing layer.
+
+    Rewards and flags are checked (``packrl.emulation.step_checks``); ``finite_rewards=False``
+    lets an env return rewards that are not finite in float32.
     """
 
     num_agents = 1
     autoreset = False  # vector backends reset it on the step an episode ends
 
-    def __init__(self, env: gymnasium.Env, round_floats: bool = False):
+    def __init__(self, env: gymnasium.Env, round_floats: bool = False, finite_rewards: bool = True):
         self.env = env
+        self.finite_rewards = bool(finite_rewards)
         self.possible_agents = (AGENT,)
         self.agents = (AGENT,)
         self.emulated: Emulated = group_agents(
@@ -86,6 +91,13 @@ class GymnasiumEmulation:
         if native is None:
             native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
+        # the common case inline; anything else is checked (and converted or refused) by step_checks
+        if (type(reward) is not float and type(reward) is not int) or not -F32_MAX <= reward <= F32_MAX:
+            reward = checked_reward(reward, self.env, self.finite_rewards, hint=MULTI_AGENT_HINT)
+        if type(terminated) is not bool:
+            terminated = checked_flag(terminated, "terminated", self.env, hint=MULTI_AGENT_HINT)
+        if type(truncated) is not bool:
+            truncated = checked_flag(truncated, "truncated", self.env, hint=MULTI_AGENT_HINT)
         if self.passthrough:
             self._write(obs)
         else:  # the packer's own attribute: it becomes the compiled pack once the layout is hot
@@ -122,6 +134,7 @@ class GymnasiumEmulation:
             err.env_position = len(results)
             raise
         observations, rewards, terminals, truncations, infos = zip(*results)
+        rewards, terminals, truncations = _checked_block(envs, rewards, terminals, truncations)
         rows["rewards"][:] = rewards
         rows["terminals"][:] = terminals
         rows["truncations"][:] = truncations
@@ -151,6 +164,24 @@ class GymnasiumEmulation:
     @property
     def unwrapped(self) -> gymnasium.Env:
         return self.env.unwrapped
+
+
+def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tuple) -> tuple:
+    """The rewards and flags of a block step, checked as ``step`` checks them (one pass over the
+    common case; an error carries the position of the env that returned the value)."""
+    if all([(type(r) is float or type(r) is int) and -F32_MAX <= r <= F32_MAX for r in rewards]) and \
+            all([type(t) is bool for t in terminals]) and all([type(t) is bool for t in truncations]):
+        return rewards, terminals, truncations
+    checked = ([], [], [])
+    for k, (env, reward, terminated, truncated) in enumerate(zip(envs, rewards, terminals, truncations)):
+        try:
+            checked[0].append(checked_reward(reward, env.env, env.finite_rewards, hint=MULTI_AGENT_HINT))
+            checked[1].append(checked_flag(terminated, "terminated", env.env, hint=MULTI_AGENT_HINT))
+            checked[2].append(checked_flag(truncated, "truncated", env.env, hint=MULTI_AGENT_HINT))
+        except EmulationError as err:
+            err.env_position = k
+            raise
+    return checked
 
 
 def _stacked(codec: Any, observations: tuple) -> np.ndarray:

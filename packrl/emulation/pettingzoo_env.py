@@ -36,6 +36,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated, Group, group_agents
+from packrl.emulation.step_checks import F32_MAX, checked_flag, checked_reward
 from packrl.errors import EmulationError
 
 
@@ -44,8 +45,10 @@ class _AgentRows:
 
     autoreset = False  # vector backends call reset() on the step `done` becomes true
 
-    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
+                 finite_rewards: bool = True):
         self.env = env
+        self.finite_rewards = bool(finite_rewards)
         self.possible_agents = tuple(env.possible_agents)
         if len(set(self.possible_agents)) != len(self.possible_agents):
             raise EmulationError(f"possible_agents has repeated names: {list(self.possible_agents)}")
@@ -96,6 +99,20 @@ class _AgentRows:
             return [_leaf_writer(codec, buf[row, ...]) for row in range(self.num_agents)]  # 0-d rows stay views
         return [group.observation.bind(buf[row, : group.observation.nbytes]).pack
                 for row, group in enumerate(self._row_groups)]
+
+    def _reward(self, agent: Any, reward: Any) -> float:
+        """One agent's reward, checked (``packrl.emulation.step_checks``)."""
+        if (type(reward) is not float and type(reward) is not int) or not -F32_MAX <= reward <= F32_MAX:
+            reward = checked_reward(reward, self.env, self.finite_rewards, who=f", agent {agent!r}")
+        return reward
+
+    def _flags(self, agent: Any, terminated: Any, truncated: Any) -> tuple[bool, bool]:
+        """One agent's end flags, checked."""
+        if type(terminated) is not bool:
+            terminated = checked_flag(terminated, "terminated", self.env, who=f", agent {agent!r}")
+        if type(truncated) is not bool:
+            truncated = checked_flag(truncated, "truncated", self.env, who=f", agent {agent!r}")
+        return terminated, truncated
 
     def _write(self, writers: list, row: int, obs: Any) -> None:
         try:
@@ -178,8 +195,9 @@ class _AgentRows:
 class ParallelEmulation(_AgentRows):
     """A PettingZoo ParallelEnv: every alive agent acts each step (module docstring: the rows)."""
 
-    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
-        super().__init__(env, round_floats, action_mask_key)
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
+                 finite_rewards: bool = True):
+        super().__init__(env, round_floats, action_mask_key, finite_rewards)
         self._alive: list[int] = []  # rows of the agents that act next step
         self._ended = [True] * self.num_agents  # per row: the agent ended (or has not appeared yet)
         self._done = True
@@ -220,14 +238,14 @@ class ParallelEmulation(_AgentRows):
         self.rewards[:] = 0.0
         pending, row_of = self._pending, self._row
         for agent, reward in rewards.items():
-            pending[row_of[agent] if agent in row_of else self.row_of_reported(agent)] += reward
+            pending[row_of[agent] if agent in row_of else self.row_of_reported(agent)] += self._reward(agent, reward)
         for flags in (terminations, truncations):
             if not flags.keys() <= row_of.keys():
                 self.row_of_reported(next(a for a in flags if a not in row_of))
         alive, delivered = [], []
         for agent, value in obs.items():
             row = row_of[agent] if agent in row_of else self.row_of_reported(agent)
-            terminated, truncated = terminations.get(agent, False), truncations.get(agent, False)
+            terminated, truncated = self._flags(agent, terminations.get(agent, False), truncations.get(agent, False))
             if terminated or truncated:
                 self._write(self._final_writers, row, value)
                 terminals[row], truncs[row] = terminated, truncated
@@ -274,8 +292,9 @@ class AECEmulation(_AgentRows):
     observation on the step the game reaches them. Each agent's reward is what PettingZoo's
     ``last()`` gives it on its turn: everything it received since its previous action."""
 
-    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask"):
-        super().__init__(env, round_floats, action_mask_key)
+    def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
+                 finite_rewards: bool = True):
+        super().__init__(env, round_floats, action_mask_key, finite_rewards)
         self._acting: int | None = None
 
     @property
@@ -329,7 +348,8 @@ class AECEmulation(_AgentRows):
             agent = selection.agent_selection
             row = self.row_of_reported(agent)
             obs, reward, terminated, truncated, info = env.last()
-            self.rewards[row] += reward
+            terminated, truncated = self._flags(agent, terminated, truncated)
+            self.rewards[row] += self._reward(agent, reward)
             infos[agent] = info
             if terminated or truncated:
                 self._write(self._final_writers, row, obs)
