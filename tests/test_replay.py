@@ -1,76 +1,54 @@
-"""Replay buffer: n-step samples against a per-row reference built from the raw step stream."""
+"""Replay buffer: n-step samples against a per-row reference built from the raw step stream, the set of
+transition starts, uniform sampling, truncation against termination in a real env, and refused input."""
 import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy.stats import chisquare
 
+from packrl.errors import UsageError
 from packrl.train.replay import ReplayBuffer
-
-GAMMA = 0.9
-
-
-def _stream(rng, steps, rows, p_end, p_mask):
-    """Observation ids are unique integers, so a sample tells exactly which slots it read."""
-    events, next_id = [], rows
-    obs = np.arange(rows)
-    for _ in range(steps):
-        term = rng.random(rows) < p_end / 2
-        trunc = ~term & (rng.random(rows) < p_end / 2)
-        masks = rng.random(rows) >= p_mask
-        final = np.arange(next_id, next_id + rows)
-        new_obs = np.arange(next_id + rows, next_id + 2 * rows)
-        next_id += 2 * rows
-        rewards = rng.normal(size=rows).astype(np.float32)
-        events.append((obs.copy(), rewards, term, trunc, final, masks))
-        obs = np.where(masks, new_obs, obs)
-    return events
-
-
-def _reference(events, rows, capacity):
-    """Per row, the list of slots (obs, reward, discount, last), oldest first, as the buffer should hold them."""
-    slots = [[] for _ in range(rows)]
-    for obs, rewards, term, trunc, final, masks in events:
-        for r in np.flatnonzero(masks):
-            slots[r].append((obs[r], rewards[r], 0.0 if term[r] else GAMMA, False))
-            if term[r] or trunc[r]:
-                slots[r].append((final[r], 0.0, 0.0, True))
-    return [s[-capacity:] for s in slots]
+from tests.replay_streams import GAMMA, add, check_nstep, reference_slots, reference_starts, stream
 
 
 @given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 40), st.integers(2, 16), st.integers(1, 4),
-       st.sampled_from([0.0, 0.2, 0.6]), st.sampled_from([0.0, 0.3]))
-def test_nstep_samples_match_reference(seed, rows, steps, capacity, n, p_end, p_mask):
+       st.sampled_from([0.0, 0.2, 0.6]), st.sampled_from([0.0, 0.3]), st.booleans())
+def test_nstep_samples_match_reference(seed, rows, steps, capacity, n, p_end, p_mask, prioritized):
     rng = np.random.default_rng(seed)
-    events = _stream(rng, steps, rows, p_end, p_mask)
-    buf = ReplayBuffer(capacity, rows, (), np.int64, gamma=GAMMA, seed=seed)
-    for obs, rewards, term, trunc, final, masks in events:
-        buf.add(obs, obs, rewards, term, trunc, final, masks)
-    ref = _reference(events, rows, capacity)
-    if all(len(s) < 2 or all(x[3] for x in s[:-1]) for s in ref):
-        with pytest.raises(ValueError, match="no"):
+    events = stream(rng, steps, rows, p_end, p_mask)
+    buf = ReplayBuffer(capacity, rows, (), np.int64, gamma=GAMMA, seed=seed, prioritized=prioritized)
+    for event in events:
+        add(buf, event)
+    slots = reference_slots(events, rows, capacity)
+    starts = reference_starts(slots, rows)
+    assert set(buf.starts[:buf.transitions].tolist()) == starts
+    assert buf.transitions == len(starts)
+    if not starts:
+        with pytest.raises(ValueError, match="no transition"):
             buf.sample(8, n)
         return
     batch = buf.sample(64, n)
-    for i in range(64):
-        row_slots = ref[batch.rows[i]]
-        start = [j for j, s in enumerate(row_slots) if s[0] == batch.observations[i]]
-        assert len(start) == 1, "each observation is stored once"
-        j = start[0]
-        assert not row_slots[j][3] and j + 1 < len(row_slots)
-        g, disc, k = 0.0, 1.0, 0
-        while True:
-            g += disc * row_slots[j + k][1]
-            disc *= row_slots[j + k][2]
-            k += 1
-            nxt = j + k
-            if k == n or nxt >= len(row_slots) - 1 or row_slots[nxt][3]:
-                break
-        assert batch.steps[i] == k
-        assert batch.returns[i] == pytest.approx(g, rel=1e-5, abs=1e-5)
-        assert batch.discounts[i] == pytest.approx(disc, rel=1e-6)
-        assert batch.next_observations[i] == row_slots[j + k][0]
-        assert batch.actions[i] == batch.observations[i]
+    check_nstep(batch, slots, n, rows)
+    assert set(batch.indices.tolist()) <= starts
+
+
+def test_uniform_sampling_covers_every_start_equally():
+    """Chi-square of 200k draws over the starts of a buffer with many episode ends and a wrapped ring."""
+    rng = np.random.default_rng(3)
+    rows, capacity = 4, 32
+    buf = ReplayBuffer(capacity, rows, (), np.int64, gamma=GAMMA, seed=3)
+    for event in stream(rng, 100, rows, 0.4, 0.2):
+        add(buf, event)
+    draws = np.concatenate([buf.sample(10_000).indices for _ in range(20)])
+    starts = np.sort(buf.starts[:buf.transitions])
+    counts = np.array([np.count_nonzero(draws == f) for f in starts])
+    assert counts.sum() == draws.size, "only starts are drawn"
+    assert chisquare(counts).pvalue > 1e-3
+    # and a biased sampler fails the same test: a sanity check that the test can fail
+    biased = counts.copy()
+    biased[: len(biased) // 2] = biased[: len(biased) // 2] * 11 // 10
+    assert chisquare(biased, biased.sum() / len(biased) * np.ones(len(biased))).pvalue < 1e-3
 
 
 def test_truncation_bootstraps_from_the_final_observation_of_a_real_env():
@@ -90,13 +68,40 @@ def test_truncation_bootstraps_from_the_final_observation_of_a_real_env():
         obs = new_obs
     batch = buf.sample(256, n=10)
     assert finals, "the env must have ended at least once"
+    assert any(not terminated for _, terminated in finals), "the time limit must have truncated an episode"
     for final, terminated in finals:
         hits = np.all(batch.next_observations == final, axis=1)
         assert hits.any()
-        expected = 0.0 if terminated else None
-        if expected is not None:
+        if terminated:
             assert np.all(batch.discounts[hits] == 0.0)
-        else:
-            assert np.all(batch.discounts[hits] > 0.0)
+        else:  # bootstrap from the final observation with gamma ** steps
+            assert np.allclose(batch.discounts[hits], GAMMA ** batch.steps[hits])
     # No transition ever crosses from an episode into the next one's first observation.
     assert np.all(batch.steps <= 5)
+
+
+def test_refuses_input_it_would_have_to_cast_or_guess():
+    buf = ReplayBuffer(8, 2, (3,), np.uint8, gamma=GAMMA)
+    ok = dict(observations=np.zeros((2, 3), np.uint8), actions=np.zeros(2, np.int64), rewards=np.zeros(2, np.float32),
+              terminals=np.zeros(2, bool), truncations=np.zeros(2, bool), final_observations=np.zeros((2, 3), np.uint8))
+    buf.add(**ok)
+    for field, bad, words in [("observations", np.zeros((2, 3), np.float32), "observations must be uint8"),
+                              ("observations", np.zeros((3, 3), np.uint8), "observations must be uint8 \\(2, 3\\)"),
+                              ("actions", np.zeros(2, np.float64), "actions must be int64"),
+                              ("terminals", np.zeros(2, np.float32), "terminals must be bool"),
+                              ("rewards", np.zeros(3, np.float32), "rewards must have shape \\(2,\\)")]:
+        with pytest.raises(UsageError, match=words):
+            buf.add(**{**ok, field: bad})
+    with pytest.raises(UsageError, match="final_observations must be uint8"):
+        buf.add(**{**ok, "terminals": np.array([True, False]), "final_observations": np.zeros((2, 4), np.uint8)})
+    with pytest.raises(UsageError, match="batch_size must be an int >= 1"):
+        buf.sample(0)
+    with pytest.raises(UsageError, match="n must be an int >= 1"):
+        buf.sample(4, n=1.5)
+    with pytest.raises(UsageError, match="no transition yet"):
+        ReplayBuffer(8, 2, (3,), np.uint8).sample(4)
+    with pytest.raises(UsageError, match="capacity must be an int >= 2"):
+        ReplayBuffer(1, 2, (3,), np.uint8)
+    with pytest.raises(UsageError, match="prioritized=True"):
+        buf.add(**ok)
+        buf.update_priorities(buf.sample(4), np.ones(4))
