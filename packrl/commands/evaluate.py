@@ -1,35 +1,145 @@
-"""``packrl eval CHECKPOINT``: the mean return of a checkpoint's policy on its env."""
+"""``packrl eval CHECKPOINT``: a checkpoint's policy on its own fresh envs, sampled and greedy side by side.
+
+The checkpoint is data: the env is the one given with ``--env`` or the recorded id looked up as a name
+(``module:function`` ids and their kwargs run only with ``--trust-checkpoint``); its layouts must match the
+env's. ``--sha256`` refuses a checkpoint whose manifest hash (printed when it was saved) differs.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+
+MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
+VIDEO_SUFFIXES = (".gif",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint")
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    parser.add_argument("--episodes", type=_positive, default=20, help="episodes per mode (default 20)")
+    parser.add_argument("--num-envs", type=_positive, default=None, help="envs stepped together (default min(episodes, 8))")
+    parser.add_argument("--seed", type=_non_negative, default=10_000, help="env and sampling seed (default 10000)")
+    parser.add_argument("--device", default="cpu", help="torch device of the policy (default cpu)")
+    parser.add_argument("--mode", choices=tuple(MODES), default="sampled",
+                        help="the headline return and the rendered episode: sampled (as trained; the default) or greedy")
+    parser.add_argument("--env", help="the env to evaluate on (default: the recorded id, looked up as a name)")
+    parser.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON object of kwargs for --env")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="RISK: let the checkpoint's env id and kwargs import and call code (module:function); "
+                             "only for checkpoints whose author you trust")
+    parser.add_argument("--sha256", help="the manifest hash printed at save time; any other checkpoint is refused")
+    parser.add_argument("--render", metavar="OUT.gif", type=_video_path,
+                        help="also write one episode of env 0 as a GIF (the env must render rgb_array)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return eval_command(args.checkpoint, args.episodes, not args.stochastic)
+    return eval_command(args.checkpoint, args.episodes, num_envs=args.num_envs, seed=args.seed, device=args.device,
+                        mode=args.mode, env=args.env, env_kwargs=args.env_kwargs,
+                        trust_checkpoint=args.trust_checkpoint, sha256=args.sha256, render=args.render)
 
 
-def eval_command(checkpoint: str, episodes: int, deterministic: bool = True) -> int:
+def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = None, seed: int = 10_000,
+                 device: str = "cpu", mode: str = "sampled", env: str | None = None, env_kwargs: dict | None = None,
+                 trust_checkpoint: bool = False, sha256: str | None = None, render: str | None = None) -> int:
+    """Evaluate both modes on ``num_envs`` serial envs (Numba envs batch natively) and print them side by
+    side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends)."""
     from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
 
-    from packrl.train.evaluate import evaluate
-    from packrl.train.run import load_policy, make_vecenv
+    from packrl.train.evaluate import EvaluationError, evaluate
+    from packrl.train.run import load_policy
 
-    policy, metadata, env = load_policy(checkpoint)
-    env.close()
-    config = metadata["config"]
-    config["vec"].update(num_envs=episodes)
-    vecenv = make_vecenv(config, seed=10_000)
+    console = Console()
+    num_envs = num_envs or min(episodes, 8)
+    policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
+                                           trust_checkpoint=trust_checkpoint, expected_sha256=sha256,
+                                           num_envs=num_envs, seed=seed)
+    env_id = env or metadata["config"]["env"]["id"]
+    results = {}
     try:
-        returns = evaluate(policy, vecenv, deterministic=deterministic)
+        for name, deterministic in MODES.items():
+            results[name] = evaluate(policy, vecenv, deterministic=deterministic, seed=seed, device=device,
+                                     episodes=episodes)
+    except EvaluationError as err:
+        console.print(f"[red]packrl eval: {escape(str(err))}[/red]")
+        return 1
     finally:
         vecenv.close()
-    Console().print(f"{metadata['env_id']}: mean return {returns.mean():.3f} +- {returns.std():.3f} over "
-                    f"{len(returns)} episodes (min {returns.min():.3f}, max {returns.max():.3f}; "
-                    f"trained {metadata.get('global_step', '?'):,} steps)")
+    table = Table(title=escape(f"{env_id}: {episodes} episodes per mode, seed {seed}, "
+                               f"trained {_steps(metadata.get('global_step'))} steps"))
+    for column in ("mode", "mean return", "std", "min", "max", "episodes"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for name, returns in results.items():
+        label = {"sampled": "sampled (as trained)", "greedy": "greedy (mode)"}[name]
+        label += " (default)" if name == mode else ""
+        table.add_row(label, f"{returns.mean():.3f}", f"{returns.std():.3f}", f"{returns.min():.3f}",
+                      f"{returns.max():.3f}", str(len(returns)))
+    console.print(table)
+    console.print(f"mean return {results[mode].mean():.3f} ({mode}, the default; see --mode)")
+    if env is not None and env != metadata["config"]["env"]["id"]:
+        console.print(escape(f"note: trained on {metadata['config']['env']['id']!r}, evaluated on {env!r} "
+                             "(its layouts match)"))
+    if render:
+        path = write_video(checkpoint, render, mode=mode, seed=seed, device=device, env=env, env_kwargs=env_kwargs,
+                           trust_checkpoint=trust_checkpoint, sha256=sha256)
+        console.print(f"video: {escape(str(path))}")
     return 0
+
+
+def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str, env: str | None,
+                env_kwargs: dict | None, trust_checkpoint: bool, sha256: str | None) -> Path:
+    """One episode of env 0 rendered as ``rgb_array`` and written with imageio."""
+    import imageio.v3 as iio
+
+    from packrl.train.evaluate import record_frames
+    from packrl.train.run import ConfigError, load_policy
+
+    policy, _, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
+                                    trust_checkpoint=trust_checkpoint, expected_sha256=sha256, num_envs=1, seed=seed,
+                                    render_mode="rgb_array")
+    try:
+        if not hasattr(vecenv, "envs"):
+            raise ConfigError("--render: this env is batched natively (Numba); it has no per-env render")
+        frames = record_frames(policy, vecenv, deterministic=MODES[mode], seed=seed, device=device)
+    finally:
+        vecenv.close()
+    iio.imwrite(out, frames, duration=50, loop=0)
+    return Path(out)
+
+
+def _steps(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _video_path(text: str) -> str:
+    if not text.lower().endswith(VIDEO_SUFFIXES):
+        raise argparse.ArgumentTypeError(f"{text!r}: the video is written as {', '.join(VIDEO_SUFFIXES)}")
+    return text

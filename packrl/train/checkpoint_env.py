@@ -1,0 +1,75 @@
+"""What a checkpoint's config may ask for when its policy is rebuilt: checked as data, bounded, never run.
+
+``checked_config`` type- and range-checks the recorded env and policy sections (a ``hidden`` of 10^12 is
+refused before anything is allocated); ``is_data_env_id`` tells a name (resolved by looking it up) from
+an id that names code or a file (``module:function``, ``../x``), which a checkpoint may not choose.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from packrl.checkpoint import CheckpointError
+
+MAX_HIDDEN = 1 << 14
+"""The largest ``policy.hidden`` a checkpoint may ask for (a 16384-wide layer already holds 10^8 weights per
+matrix); checked before a policy is built."""
+
+NETWORKS = ("mlp", "lstm", "gru", "mingru")
+OVERRIDE_CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "drop")
+
+
+def checked_config(metadata: dict, file: Path) -> dict:
+    """The recorded config's env and policy sections, type- and range-checked (CheckpointError naming the
+    field otherwise); defaults filled where training would have filled them."""
+    from packrl.train.run import DEFAULTS
+
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(f"{file}: field 'config.{field}' {why}")
+
+    config = metadata["config"]
+    for section in ("env", "policy"):
+        if not isinstance(config.get(section), dict):
+            raise bad(section, "is missing or not an object")
+    if "id" not in config["env"]:
+        raise bad("env.id", "is missing")
+    env, policy = dict(DEFAULTS["env"], **config["env"]), dict(DEFAULTS["policy"], **config["policy"])
+    if not isinstance(env["id"], str) or not env["id"]:
+        raise bad("env.id", f"is {env['id']!r}, not an env id")
+    if metadata.get("env_id") not in (None, env["id"]):
+        raise CheckpointError(f"{file}: field 'env_id' {metadata['env_id']!r} differs from config.env.id {env['id']!r}")
+    if not isinstance(env["kwargs"], dict):
+        raise bad("env.kwargs", "is not an object")
+    if env["api"] not in ("auto", "parallel", "aec"):
+        raise bad("env.api", f"is {env['api']!r}; expected auto, parallel or aec")
+    if policy["network"] not in NETWORKS:
+        raise bad("policy.network", f"is {policy['network']!r}; expected one of {list(NETWORKS)}")
+    hidden = policy["hidden"]
+    if type(hidden) is not int or not 1 <= hidden <= MAX_HIDDEN:
+        raise bad("policy.hidden", f"is {hidden!r}; expected an integer from 1 to {MAX_HIDDEN}")
+    if policy["encoder"] != "layout" or policy["decoder"] != "default":
+        raise bad("policy.encoder", "must be 'layout' and policy.decoder 'default'")
+    overrides = policy["overrides"] or {}
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in OVERRIDE_CHOICES for k, v in overrides.items()):
+        raise bad("policy.overrides", f"must map leaf paths to one of {list(OVERRIDE_CHOICES)}")
+    return {**config, "env": env, "policy": policy}
+
+
+DATA_ENV_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)?")
+
+
+def is_data_env_id(env_id: str) -> bool:
+    """True for an id that is only a name (a registered gymnasium id, ``Namespace/Name-v0``, a packrl env, a
+    ``pettingzoo.*`` module path): no ``module:function``, no ``..``, no absolute or relative file path, and
+    not one of gymnasium's compatibility shims, whose kwargs name another env to import."""
+    if not DATA_ENV_ID.fullmatch(env_id) or ".." in env_id or env_id in SHIM_IDS:
+        return False
+    import gymnasium
+
+    spec = gymnasium.registry.get(env_id)
+    entry = spec.entry_point if spec is not None else None
+    return not (isinstance(entry, str) and entry.split(".")[0] in SHIMS)
+
+
+SHIMS = ("shimmy",)
+SHIM_IDS = ("GymV21Environment-v0", "GymV26Environment-v0")  # registered by gymnasium itself, for shimmy
