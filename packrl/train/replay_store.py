@@ -104,23 +104,40 @@ def load_buffer(cls: type, path: str | Path) -> Any:
 
 def _check_index(buffer: Any, arrays: Path) -> None:
     """The index arrays are read by Numba without bounds checks: refuse any that point outside the buffer or
-    disagree with each other."""
+    disagree with each other (checked in order, each check relying on the ones before)."""
     slots, held = buffer.capacity * buffer.num_rows, int(buffer.held[0])
-    starts = buffer.starts[:held]
-    problems = {
-        "ptr": np.any((buffer.ptr < 0) | (buffer.ptr >= buffer.capacity)),
-        "count": np.any((buffer.count < 0) | (buffer.count > buffer.capacity)),
-        "held": not 0 <= held <= slots,
-        "starts": not 0 <= held <= slots or np.any((starts < 0) | (starts >= slots)),
-        "where": np.any((buffer.where < -1) | (buffer.where >= max(held, 1)))
-        or (0 <= held <= slots and np.any(buffer.where[starts] != np.arange(held)))
-        or np.count_nonzero(buffer.where >= 0) != held,
-    }
+    starts = buffer.starts[:max(0, min(held, slots))]
+    checks = [
+        ("ptr", lambda: np.all((buffer.ptr >= 0) & (buffer.ptr < buffer.capacity))),
+        ("count", lambda: np.all((buffer.count >= 0) & (buffer.count <= buffer.capacity))),
+        ("held", lambda: 0 <= held <= slots),
+        ("starts", lambda: np.all((starts >= 0) & (starts < slots))),
+        ("where", lambda: np.all((buffer.where >= -1) & (buffer.where < held))
+         and np.array_equal(buffer.where[starts], np.arange(held)) and np.count_nonzero(buffer.where >= 0) == held),
+    ]
     if buffer.prioritized:
-        problems["sums"] = not np.all(np.isfinite(buffer.sums) & (buffer.sums >= 0))
-    for name, bad in problems.items():
-        if bad:
+        checks.append(("sums", lambda: _tree_consistent(buffer.sums, buffer.mins, buffer.where, slots)))
+    for name, ok in checks:
+        if not ok():
             raise CheckpointError(f"{arrays}: array {name!r} is inconsistent with the buffer it describes")
+
+
+def _tree_consistent(sums: np.ndarray, mins: np.ndarray, where: np.ndarray, slots: int) -> bool:
+    """Leaves positive exactly at the starts, and every parent the sum (and min) of its children."""
+    size = sums.size // 2
+    leaves = sums[size:]
+    if not (np.all(np.isfinite(leaves)) and np.array_equal(leaves[:slots] > 0, where >= 0) and not leaves[slots:].any()):
+        return False
+    if not np.array_equal(mins[size:], np.where(leaves > 0, leaves, np.inf)):
+        return False
+    level = size
+    while level > 1:
+        parents = np.arange(level // 2, level)
+        if not (np.array_equal(sums[parents], sums[2 * parents] + sums[2 * parents + 1])
+                and np.array_equal(mins[parents], np.minimum(mins[2 * parents], mins[2 * parents + 1]))):
+            return False
+        level //= 2
+    return True
 
 
 def _read_metadata(path: Path) -> dict:
