@@ -172,15 +172,63 @@ def save(ppo: PPO, config: dict, path: str | Path, history: list[dict]) -> Path:
                            last_episode_return=returns[-1] if returns else None)
 
 
-def load_policy(path: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, dict, Any]:
-    """Rebuild the env (one copy) and policy a checkpoint was trained with, and load its weights."""
-    state, metadata, _ = load_checkpoint(path, device)
-    config = metadata["config"]
-    eval_config = copy.deepcopy(config)
-    eval_config["vec"].update(backend="auto", num_envs=1)
-    vecenv = make_vecenv(eval_config)
-    policy = make_policy(vecenv, config["policy"])
-    policy.load_state_dict(state)
+def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None, env_kwargs: dict | None = None,
+                trust_checkpoint: bool = False, expected_sha256: str | None = None, num_envs: int = 1,
+                seed: int = 0, render_mode: str | None = None) -> tuple[torch.nn.Module, dict, Any]:
+    """Rebuild a checkpoint's policy on an env and load its weights: ``(policy, metadata, vecenv)``.
+
+    A checkpoint is data: nothing it records chooses code to import or call. The env is ``env`` (an id the
+    caller gives, with ``env_kwargs``, or the recorded kwargs when it is the recorded id and that id is not
+    code), else the recorded id resolved as data (a packrl env, a registered gymnasium id, a ``pettingzoo.*``
+    module path; ``module:function`` refused). ``trust_checkpoint=True`` lets the recorded id and kwargs run as
+    they would in training: only for checkpoints whose author you trust. The recorded layouts must equal the
+    env's; the architecture is bounded and every tensor's shape checked before a weight is allocated.
+    ``render_mode`` is added to the env's kwargs. Every refusal is a CheckpointError naming the file and the field."""
+    from packrl import vector
+    from packrl.checkpoint import (METADATA, CheckpointError, checkpoint_folder, compare_layout, tensor_specs,
+                                   verify)
+    from packrl.train.checkpoint_env import checked_config, is_data_env_id
+
+    metadata = verify(path, expected_sha256)
+    file = checkpoint_folder(path) / METADATA
+    config = checked_config(metadata, file)
+    recorded_id, recorded_kwargs, api = config["env"]["id"], config["env"]["kwargs"], config["env"]["api"]
+    extra = {} if render_mode is None else {"render_mode": render_mode}
+    try:
+        if trust_checkpoint:
+            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **extra}, api, allow_code=True)
+        elif env is not None:
+            if env_kwargs is None:
+                env_kwargs = recorded_kwargs if env == recorded_id and is_data_env_id(recorded_id) else {}
+            creator, default_backend = env_creator(env, {**env_kwargs, **extra}, api, allow_code=True)
+        else:
+            if not is_data_env_id(recorded_id):
+                raise ConfigError(f"env id {recorded_id!r} is not a registered env id (it names code or a path); "
+                                  "give the env with --env ID, or pass --trust-checkpoint to run what it names")
+            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **extra}, api, allow_code=False)
+    except ConfigError as err:
+        if env is not None and not trust_checkpoint:
+            raise
+        raise CheckpointError(f"{file}: field 'config.env.id': {err}") from None
+    backend = "numba" if default_backend == "numba" else "serial"
+    try:
+        vecenv = vector.make(creator, int(num_envs), backend=backend, seed=seed)
+    except Exception as err:
+        if env is not None or trust_checkpoint:
+            raise
+        raise CheckpointError(f"{file}: field 'config.env.kwargs': the recorded env {recorded_id!r} could not be "
+                              f"built with them ({type(err).__name__}: {err})") from None
+    try:
+        emulated = vecenv.emulated
+        compare_layout(metadata["layouts"].get("observation"), emulated.observation.to_dict(), "observation", file)
+        compare_layout(metadata["layouts"].get("action"), emulated.action.layout.to_dict(), "action", file)
+        policy = make_policy(vecenv, config["policy"])
+        state, metadata, _ = load_checkpoint(path, device, expected_sha256=expected_sha256,
+                                             expected=tensor_specs(policy.state_dict()))
+        policy.load_state_dict(state)
+    except BaseException:
+        vecenv.close()
+        raise
     return policy.to(device), metadata, vecenv
 
 
