@@ -60,16 +60,28 @@ DATA_ENV_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_
 
 def is_data_env_id(env_id: str) -> bool:
     """True for an id that is only a name (a registered gymnasium id, ``Namespace/Name-v0``, a packrl env, a
-    ``pettingzoo.*`` module path): no ``module:function``, no ``..``, no absolute or relative file path, and
-    not one of gymnasium's compatibility shims, whose kwargs name another env to import."""
-    if not DATA_ENV_ID.fullmatch(env_id) or ".." in env_id or env_id in SHIM_IDS:
+    ``pettingzoo.*`` module path, ``minigrid:EnvId`` for the packages packrl knows): no ``module:function``,
+    no ``..``, no file path, and not one of gymnasium's compatibility shims, whose kwargs name an env to import."""
+    module, colon, name = env_id.rpartition(":")
+    if colon and module not in _known_modules():  # module:EnvId only for the fixed packages packrl knows
+        return False
+    if not DATA_ENV_ID.fullmatch(name) or ".." in name or name in SHIM_IDS:
         return False
     import gymnasium
 
-    spec = gymnasium.registry.get(env_id)
+    spec = gymnasium.registry.get(name)
     entry = spec.entry_point if spec is not None else None
-    return not (isinstance(entry, str) and entry.split(".")[0] in SHIMS)
+    return not (isinstance(entry, str) and entry.split(".")[0] in SHIMS)  # a registered id that is a shim
 
 
 SHIMS = ("shimmy",)
 SHIM_IDS = ("GymV21Environment-v0", "GymV26Environment-v0")  # registered by gymnasium itself, for shimmy
+
+
+def _known_modules() -> set[str]:
+    """The modules ``module:EnvId`` may name in a checkpoint: those packrl itself imports for an id's namespace."""
+    try:
+        from packrl.env_ids import NAMESPACES
+    except ImportError:
+        return set()
+    return {module for module, _ in NAMESPACES.values()}
