@@ -420,7 +420,7 @@ def compare_layout(recorded: Any, actual: Mapping[str, Any], name: str, where: A
         if r != a:
             keys = [k for k in a if not isinstance(r, dict) or r.get(k) != a[k]] or ["entry"]
             got = {k: r.get(k) for k in keys} if isinstance(r, dict) else r
-            raise CheckpointError(f"{where}: {field} differs from the env's at leaf {_leaf_name(a['path'])}: "
+            raise CheckpointError(f"{where}: {field} differs from the env's at leaf {leaf_name(a['path'])}: "
                                   + "; ".join(f"{k} {_short(got.get(k) if isinstance(got, dict) else got)} in the "
                                               f"checkpoint, {_short(a.get(k))} in the env" for k in keys))
     if len(have) != len(want):
@@ -428,12 +428,12 @@ def compare_layout(recorded: Any, actual: Mapping[str, Any], name: str, where: A
         side = "env" if len(want) > len(have) else "checkpoint"
         path = first.get("path", []) if isinstance(first, dict) else []
         raise CheckpointError(f"{where}: {field} has {len(have)} leaves, the env's {len(want)}; the first one only the "
-                              f"{side} has is {_leaf_name(path)}")
+                              f"{side} has is {leaf_name(path)}")
     specs = _tree_specs(recorded.get("tree"), (), where, field)
     for (path, r), (_, a) in zip(specs, _tree_specs(actual["tree"], (), where, field)):
         if r != a:
             keys = [k for k in sorted(set(r) | set(a), key=str) if r.get(k) != a.get(k)]
-            raise CheckpointError(f"{where}: {field} differs from the env's at leaf {_leaf_name(path)}: "
+            raise CheckpointError(f"{where}: {field} differs from the env's at leaf {leaf_name(path)}: "
                                   + "; ".join(f"{k} {_short(r.get(k))} in the checkpoint, {_short(a.get(k))} in the env"
                                               for k in keys))
     if recorded != dict(actual):
@@ -451,10 +451,10 @@ def _tree_specs(tree: Any, path: tuple, where: Any, field: str) -> list[tuple[tu
             return [x for key, child in value for x in _tree_specs(child, path + (key,), where, field)]
         if kind == "tuple" and isinstance(value, list):
             return [x for i, child in enumerate(value) for x in _tree_specs(child, path + ({"int": i},), where, field)]
-    raise CheckpointError(f"{where}: field '{field}.tree' is malformed at {_leaf_name(list(path))}")
+    raise CheckpointError(f"{where}: field '{field}.tree' is malformed at {leaf_name(list(path))}")
 
 
-def _leaf_name(path: Any) -> str:
+def leaf_name(path: Any) -> str:
     """A recorded leaf path (``[{"str": "a"}, {"int": 0}]``) written as packrl writes paths (``['a'][0]``)."""
     if not isinstance(path, list) or not path:
         return "(root)"

@@ -10,6 +10,7 @@ import sys
 
 import packrl.commands.check
 import packrl.commands.evaluate
+import packrl.commands.inspect
 import packrl.commands.train
 from packrl import commands
 from packrl.errors import PackrlError
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on its env")
     commands.evaluate.add_arguments(evaluate)
+    inspect = sub.add_parser("inspect", help="print a checkpoint's metadata and tensors without loading it (no torch)")
+    commands.inspect.add_arguments(inspect)
 
     check = sub.add_parser("check", help="shape, dtype, range, NaN and gradient checks of ENV with its policy")
     check.add_argument("env", nargs="?")
@@ -69,6 +72,8 @@ def _config(args: argparse.Namespace, extra: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
+        return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:
