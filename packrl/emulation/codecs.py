@@ -19,6 +19,7 @@ from packrl.emulation.values import (
     IntRange,
     exact_array,
     format_path,
+    refuse_outside,
 )
 from packrl.errors import EmulationError
 
@@ -150,7 +151,9 @@ def decode_array(obj: dict, dtype: np.dtype, shape: tuple) -> np.ndarray:
 
 class BoxCodec(LeafCodec):
     """Box of any numeric dtype, stored as itself. Integer and bool Boxes are checked against their
-    bounds; float Boxes are not (NaN and inf round-trip: observations often overshoot float bounds)."""
+    bounds; float Boxes are not (NaN and inf round-trip: observations often overshoot float bounds).
+    A bool leaf's bytes are checked as uint8 (``range``: the bounds as 0 and 1), so a non-canonical
+    bool (a byte of 2 viewed as bool) is refused too: stored bytes are always 0 or 1."""
 
     kind = "box"
     stores_input = True
@@ -162,7 +165,12 @@ class BoxCodec(LeafCodec):
         self.shape = tuple(space.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
         self.range = IntRange(space.low, space.high, self.dtype, self.shape) if self.dtype.kind in "iu" else None
-        if self.range is not None and self.range.needed:
+        if self.dtype.kind == "b":  # the bytes, as uint8: bounds and canonical bools in one range
+            low, high = (np.asarray(b).astype(np.uint8) for b in (space.low, space.high))
+            self.range = IntRange(low, high, np.dtype(np.uint8), self.shape)
+            self.outside_message = f"is outside the bool Box's bounds (low {_short_list(low.astype(bool))}, " \
+                                   f"high {_short_list(high.astype(bool))})"
+        elif self.range is not None and self.range.needed:
             self.outside_message = f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]"
         elif self.range is not None:
             self.range = None  # bounds span the whole dtype: nothing to check
@@ -185,14 +193,28 @@ class BoxCodec(LeafCodec):
             arr = value
         else:
             arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
-        if self.range is not None:
+        if self.dtype.kind == "b":
+            self._check_bools(arr, path)
+        elif self.range is not None:
             self.range.refuse(arr, path, self.outside_message)
         return (arr,)
+
+    def _check_bools(self, arr: np.ndarray, path: tuple) -> None:
+        """Every byte 0 or 1, and inside the bounds."""
+        raw = arr.view(np.uint8)
+        if self.range.outside(raw):
+            refuse_outside(raw > 1, raw, path, "is the byte of a non-canonical bool (packrl stores bools as 0 or 1)")
+            refuse_outside((raw < self.range.low) | (raw > self.range.high), arr, path, self.outside_message)
 
     def to_native(self, unpacked: Any) -> Any:
         # as gymnasium's Box.sample: a NumPy scalar for a 0-d integer or bool Box, a 0-d array for a float one
         arr = np.array(unpacked)
         return arr[()] if arr.ndim == 0 and self.dtype.kind in "biu" else arr
+
+
+def _short_list(arr: np.ndarray) -> str:
+    text = str(arr.tolist())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---------------------------------------------------------------- Discrete

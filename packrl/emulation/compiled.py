@@ -52,8 +52,10 @@ CHECKED_IN_KERNEL = ("box", "discrete", "multidiscrete", "multibinary")
 
 _NUMBA_DTYPES = {np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                         np.uint32, np.uint64, np.float32, np.float64)}
-# Numba has no float16 arithmetic; float16 leaves travel as their uint16 bit patterns
-_BITS_OF = {np.dtype(np.float16): np.dtype(np.uint16)}
+# Numba has no float16 arithmetic; float16 leaves travel as their uint16 bit patterns. Bool leaves
+# travel as their bytes, checked against uint8 bounds (the Box's as 0 and 1): a byte of 2 is refused,
+# where a bool load would read it as True and the copy would store the 2
+_BITS_OF = {np.dtype(np.float16): np.dtype(np.uint16), np.dtype(np.bool_): np.dtype(np.uint8)}
 
 
 def fast_kernel_in_use() -> bool:
@@ -162,6 +164,7 @@ class _Source:
         self.py_checks: list[str] = []
         self.counter = 0
         self._bound_names: dict[int, tuple | None] = {}
+        self._codec_checked: set[int] = set()  # leaves whose codec checks them in Python: no bounds in the kernel
 
     # ------------------------------------------------------------ the Python half
 
@@ -306,8 +309,10 @@ class _Source:
         leaves = [self.layout.leaves[i] for i in leaf_ids]
         dtype = leaves[0].dtype
         # a uint64 Discrete: its int64 scalar argument would meet uint64 bounds in a float comparison
+        # a 0-d bool: its scalar argument would be read as a bool, so it is checked by the codec
         in_kernel = (codec.kind in CHECKED_IN_KERNEL and len(leaves) == 1 and dtype in _NUMBA_DTYPES
-                     and not (codec.kind == "discrete" and dtype == np.uint64))
+                     and not (codec.kind == "discrete" and dtype == np.uint64)
+                     and not (dtype == np.bool_ and leaves[0].shape == ()))
         if in_kernel and leaves[0].shape == () and dtype.kind == "f":
             # a float goes in as a 0-d array: as a scalar argument it would pass through a double,
             # which quietens a float32 signalling NaN
@@ -328,10 +333,16 @@ class _Source:
                 self.py_checks.append(f"if {expr}.__class__ is not {exact}: return False")
             self.fields.append((leaf_ids[0], expr, True))
             return
+        if in_kernel and dtype == np.bool_:  # its bytes (a non-contiguous last axis raises: the checked path)
+            self.objects["_uint8"] = np.dtype(np.uint8)
+            self.py_checks.append(f"if {expr}.__class__ is _ndarray: {expr} = {expr}.view(_uint8)")
+            self.fields.append((leaf_ids[0], expr, False))
+            return
         if in_kernel:
             self.fields.append((leaf_ids[0], expr, False))
             return
         # checked in Python by the codec (raises EmulationError on bad input), copied by the kernel
+        self._codec_checked.update(leaf_ids)
         check, where = self._name("_check"), self._name("_path")
         self.objects[check], self.objects[where] = codec.check, path
         checked = self._name("c")
@@ -407,9 +418,9 @@ class _Source:
         leaf = self.layout.leaves[leaf_id]
         rng = getattr(self._codec_of(leaf), "range", None) if leaf.field is None else None
         found = None
-        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.needed:
+        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.needed and leaf_id not in self._codec_checked:
             lo, hi = self._name("_lo"), self._name("_hi")
-            dtype = leaf.dtype
+            dtype = _BITS_OF.get(leaf.dtype, leaf.dtype)
             if leaf.shape == () or rng.uniform is not None:
                 low, high = (rng.low[()], rng.high[()]) if leaf.shape == () else rng.uniform
                 # NumPy scalars of the leaf's dtype: a mixed signed/unsigned comparison would go through float
