@@ -49,6 +49,7 @@ from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
+from packrl.vector.attrs import NoEnvObjects
 from packrl.vector.base import SAME_STEP
 
 PARALLEL_MIN_ENVS = 1024
@@ -480,7 +481,7 @@ def compile_kernel(env_name: str, dispatcher: Dispatcher, args: tuple) -> Compil
 
 # ---------------------------------------------------------------- the batched env
 
-class BatchedNumbaEnv(gymnasium.vector.VectorEnv):
+class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
     """``num_envs`` copies of a :class:`NumbaEnv`, stepped by one compiled call.
 
     Follows packrl's env protocol with ``autoreset = True``: a copy whose episode ends is reset

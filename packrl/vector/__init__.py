@@ -12,13 +12,14 @@ import numpy as np
 
 from packrl.errors import UsageError
 from packrl.vector.base import Batch, VectorEnv, check_seed
+from packrl.vector.infos import check_form
 from packrl.vector.serial import Serial
 
 BACKENDS = ("serial", "multiprocessing", "numba", "ray")
 
 
 def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial", num_workers: int | None = None,
-         batch_size: int | None = None, seed: int = 0, **kwargs: Any) -> Any:
+         batch_size: int | None = None, seed: int = 0, infos: str | None = None, **kwargs: Any) -> Any:
     """Build ``num_envs`` envs from ``env_creator`` (a gymnasium.Env, a PettingZoo env or an
     emulated env; what is not emulated gets ``packrl.emulation.emulate``).
 
@@ -29,10 +30,24 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
     a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
     ``seed``: env i is seeded with ``seed + i`` on the first ``reset``.
+    ``infos``: ``"list"`` (one dict per env, the default) or ``"dict"`` (gymnasium's dict of arrays
+    with ``_key`` masks, for gymnasium's vector wrappers; ``packrl.vector.infos``). The Numba backend
+    returns one dict of per-copy arrays (``None`` or ``"dict"``).
 
     Misuse (an env id or an env instance where a creator goes, an unknown backend, workers that do not
     divide the envs) raises ``packrl.UsageError``."""
     _require_creator(env_creator, backend)
+    if backend == "numba" and infos not in (None, "dict"):
+        raise UsageError(f"infos={infos!r}: backend 'numba' returns one dict of per-copy arrays (infos=None or 'dict')")
+    form = None if infos is None or backend == "numba" else check_form(infos)  # checked before any env exists
+    env = _make(env_creator, num_envs, backend, num_workers, batch_size, seed, **kwargs)
+    if form is not None:
+        env.info_format = form
+    return env
+
+
+def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_workers: int | None,
+          batch_size: int | None, seed: int, **kwargs: Any) -> Any:
     _require_int("num_envs", num_envs)
     for name, value in (("num_workers", num_workers), ("batch_size", batch_size)):
         if value is not None:

@@ -9,6 +9,8 @@ from gymnasium.vector.utils import batch_space
 
 from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import ActionWriter, action_arrays
+from packrl.vector.attrs import EnvAttributes
+from packrl.vector.infos import to_dict
 from packrl.vector.runner import EnvSpec
 from packrl.vector.shared import BufferPlan
 
@@ -59,7 +61,7 @@ def plan_buffers(spec: EnvSpec, num_envs: int, extra: dict | None = None) -> Buf
     return BufferPlan.build(arrays)
 
 
-class VectorEnv(gymnasium.vector.VectorEnv):
+class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
     """Many envs, one set of arrays with one row per agent (``num_agents = num_envs * agents_per_env``).
 
     ``reset`` and ``step`` (``batch_size == num_envs``) return zero-copy views of the arrays,
@@ -68,10 +70,13 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     final reward are set, ``observations`` holds the next episode's first observation and
     ``final_observations`` the ended episode's last one. ``infos`` is a list with one dict per
     env of the batch (empty when the env gave none; the reset info of a same-step autoreset is
-    under ``"reset_info"``).
+    under ``"reset_info"``); ``vector.make(..., infos="dict")`` gives gymnasium's dict of arrays
+    with ``_key`` masks instead (``packrl.vector.infos``). ``call``/``get_attr``/``set_attr``/
+    ``render`` reach every env (``packrl.vector.attrs``).
     """
 
     metadata = {"autoreset_mode": SAME_STEP}
+    info_format = "list"  # vector.make(infos="dict"): gymnasium's dict of arrays (packrl.vector.infos)
 
     _broken: str | None = None  # why the env failed; every later call refuses
 
@@ -175,7 +180,15 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def _batch(self, env_ids: np.ndarray, infos: list) -> Batch:
         rows = self._rows(env_ids)
         return Batch(self.observations[rows], self.rewards[rows], self.terminals[rows], self.truncations[rows],
-                     infos, env_ids, self.masks[rows], self.final_observations[rows])
+                     self._infos_out(infos, rows), env_ids, self.masks[rows], self.final_observations[rows])
+
+    def _infos_out(self, infos: list, rows: Any) -> list | dict:
+        """The batch's infos in the form ``vector.make(infos=...)`` chose."""
+        if self.info_format == "list":
+            return infos
+        if self.agents_per_env != 1:  # episode ends are per row: infos are added as they are
+            return to_dict(infos)
+        return to_dict(infos, self.terminals[rows] | self.truncations[rows], self.final_observations[rows])
 
     def __enter__(self) -> "VectorEnv":
         return self

@@ -34,6 +34,7 @@ import cloudpickle
 import numpy as np
 
 from packrl.errors import UsageError
+from packrl.vector.attrs import Request, run_block, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
@@ -50,6 +51,7 @@ class Command(IntEnum):
     STEP = 1
     RESET = 2
     CLOSE = 3
+    CALL = 4  # run a packrl.vector.attrs.Request (sent on the pipe first) on every env of the worker
 
 
 class Status(IntEnum):
@@ -60,7 +62,7 @@ class Status(IntEnum):
 
 
 # Plain ints of the same names for the per-step paths (an enum member lookup costs about 1 us).
-STEP, RESET, CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
+STEP, RESET, CLOSE, CALL = int(Command.STEP), int(Command.RESET), int(Command.CLOSE), int(Command.CALL)
 BUSY, DONE, DONE_INFO, FAILED = int(Status.BUSY), int(Status.DONE), int(Status.DONE_INFO), int(Status.FAILED)
 
 
@@ -158,7 +160,7 @@ class Multiprocessing(WorkerBackend):
         self._procs, self._conns = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._wake, self._control, shm, self._conns)
         for w in range(num_workers):
-            reader, writer = ctx.Pipe(duplex=False)
+            reader, writer = ctx.Pipe(duplex=True)  # replies come back on it; call() requests go out on it
             args = WorkerArgs(w, w * per_worker, per_worker, creator, shm.name, plan, spec, worker_spin_s)
             proc = ctx.Process(target=_worker_main, args=(args, self._wake[w], self._done, writer),
                                name=f"packrl-vector-worker-{w}", daemon=True)
@@ -247,6 +249,35 @@ class Multiprocessing(WorkerBackend):
         self._last = None
         if self._runner is not None:  # the workers step theirs meanwhile
             self._main_infos = self._run_main(self._runner.step)
+
+    def _call_envs(self, request: Request) -> list:
+        """Run ``request`` on every env: the workers' blocks, then the main process's own envs."""
+        self._check_usable()
+        if self._in_flight:
+            raise UsageError("call/get_attr/set_attr/render while envs are stepping: recv() their batch first "
+                             "(with batch_size < num_envs, some envs are always stepping)")
+        per = self.envs_per_worker
+        try:  # every request pickled before any is sent: one that cannot travel reaches no worker
+            payloads = [pickle.dumps(request.block(w * per, per), protocol=pickle.HIGHEST_PROTOCOL)
+                        for w in range(self.num_workers)]
+        except Exception as err:
+            raise UsageError(f"{request.name!r}: the arguments or values must pickle to reach the workers: {err}") from None
+        for w in range(self.num_workers):
+            try:
+                self._conns[w].send_bytes(payloads[w])
+            except OSError:
+                self._check_workers()
+                self._fail(f"worker {w} closed its pipe")
+            self._command(w, CALL)
+        self._collect(self.num_workers)
+        results = []
+        for w in range(self.num_workers):
+            results += self._infos[w]
+            self._infos[w] = []
+        if self._runner is not None:
+            first = self.num_envs - self.main_envs
+            results += run_block(self._runner.envs, first, request.block(first, self.main_envs))
+        return results
 
     def close_extras(self, **kwargs: Any) -> None:
         try:
@@ -424,6 +455,9 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             command = int(control[w, 0])
             if command == CLOSE:
                 return
+            if command == CALL:  # a call steps nothing: its errors travel as results and the worker goes on
+                _reply(status, w, done, conn, DONE_INFO, run_block_pickled(envs, args.first_env, conn.recv()))
+                continue
             try:
                 if command == STEP:
                     infos = runner.step()

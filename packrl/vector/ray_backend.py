@@ -10,6 +10,7 @@ actors' reply futures, taken oldest first with ``ray.wait``.
 from __future__ import annotations
 
 import os
+import pickle
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import ray
 from ray.exceptions import RayError
 
 from packrl.errors import EmulationError, EnvError, UsageError
+from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env
 from packrl.vector.serial import _check_batch
@@ -110,6 +112,11 @@ class RayWorker:
         except Exception:
             return self._failure()
         return self._reply(infos)
+
+    def call(self, request: Request) -> bytes:
+        """``call``/``get_attr``/``set_attr``/``render`` on this block (pickled here, so a result that
+        cannot travel is reported with its env rather than failing the actor's reply)."""
+        return run_block_pickled(self.envs, self.first, request)
 
     def close(self) -> None:
         for env in self.envs:
@@ -222,6 +229,21 @@ class RayVectorEnv(WorkerBackend):
             self._in_flight[w] = self._actors[w].step.remote({name: self.arrays[name][rows]
                                                               for name in self._action_names})
         self._last = None
+
+    def _call_envs(self, request: Request) -> list:
+        self._check_usable()
+        if self._in_flight:
+            raise UsageError("call/get_attr/set_attr/render while envs are stepping: recv() their batch first "
+                             "(with batch_size < num_envs, some envs are always stepping)")
+        per = self.envs_per_worker
+        futures = [a.call.remote(request.block(w * per, per)) for w, a in enumerate(self._actors)]
+        results = []
+        for w, future in enumerate(futures):
+            try:
+                results += pickle.loads(ray.get(future))
+            except RayError as err:
+                self._fail(f"ray worker {w} (envs {self._span(w)}) died: {type(err).__name__}: {err}")
+        return results
 
     def close_extras(self, **kwargs: Any) -> None:
         self._in_flight.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from packrl.errors import EnvError, UsageError
+from packrl.vector.attrs import Request, run_block
 from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
 
@@ -84,7 +85,7 @@ class Serial(VectorEnv):
         infos = [{} for _ in range(self.num_envs)]
         for index, info in self._run(self._runner.step, 0, self.num_envs):
             infos[index] = info
-        return self.observations, self.rewards, self.terminals, self.truncations, infos
+        return self.observations, self.rewards, self.terminals, self.truncations, self._infos_out(infos, slice(None))
 
     def _run(self, fn: Callable, *args: Any) -> list:
         try:
@@ -94,6 +95,10 @@ class Serial(VectorEnv):
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
             self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
             raise EnvError(self._broken) from None
+
+    def _call_envs(self, request: Request) -> list:
+        self._check_usable()
+        return run_block(self.envs, 0, request)
 
     def close_extras(self, **kwargs: Any) -> None:
         self._runner.close()
