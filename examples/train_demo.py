@@ -1,37 +1,36 @@
-"""The main demo: train PPO on packrl's structured Numba gridworld (no download), then show the
-learning curve and where the checkpoint is. About 2-3 minutes on 2 CPU cores.
+"""The main demo: train PPO on packrl's structured Numba gridworld (no download), then evaluate the
+checkpoint and show where the run folder, learning curve and checkpoint are.
 
-    python examples/train_demo.py [--total-steps 60000] [--out runs/demo]
+    python examples/train_demo.py [--total-steps N] [--out DIR]
 
-The same run from the command line: ``packrl train gridworld --num-envs 32 --total-steps 60000``.
+It is the same run as ``packrl train gridworld`` (the gridworld preset: 32 envs, hidden 64, 32 steps per
+rollout, learning rate 2e-3, gamma 0.95; seed 0): this script only calls that command, then ``packrl eval``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
-from packrl.commands.evaluate import eval_command
-from packrl.commands.train import train_command
+from packrl import cli
 from packrl.envs.gridworld import LEARNED_THRESHOLD, RANDOM_RETURN
-from packrl.train.run import merge_config
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--total-steps", type=int, default=60_000)
-    parser.add_argument("--out", default="runs/demo")
+    parser.add_argument("--total-steps", type=int, help="agent steps (default: packrl train's default)")
+    parser.add_argument("--out", help="run folder (default: runs/demo-<date>-<time>)")
     args = parser.parse_args()
-    config = merge_config({
-        "env": {"id": "gridworld"},
-        "vec": {"backend": "numba", "num_envs": 32},
-        "policy": {"network": "mlp", "hidden": 64},
-        "train": {"total_steps": args.total_steps, "num_steps": 32, "learning_rate": 2e-3, "ent_coef": 0.01,
-                  "update_epochs": 4, "num_minibatches": 4, "gamma": 0.95, "seed": 0},
-    })
+    out = args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = ["train", "gridworld", "--out", out]
+    if args.total_steps is not None:
+        command += ["--total-steps", str(args.total_steps)]
     print(f"gridworld: a random policy scores about {RANDOM_RETURN}, a learned one above {LEARNED_THRESHOLD}")
-    rc = train_command(config, args.out)
+    print("$ packrl " + " ".join(command), flush=True)
+    rc = cli.main(command)
     if rc == 0:
-        eval_command(f"{args.out}/checkpoint", episodes=64)
+        print(f"$ packrl eval {out}/checkpoint", flush=True)
+        rc = cli.main(["eval", f"{out}/checkpoint"])
     return rc
 
 

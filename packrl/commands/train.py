@@ -1,60 +1,102 @@
-"""``packrl train ENV``: train PPO, then save the checkpoint, history and learning curve."""
+"""``packrl train ENV``: train PPO in a run folder of its own (``packrl.train.session``): live progress,
+periodic checkpoints, SIGINT/SIGTERM that save, a NaN guard, ``--resume``."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from packrl.errors import PackrlError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/latest", help="folder for the checkpoint, curve and history")
-    parser.add_argument("--tensorboard", metavar="LOGDIR", help="also log to TensorBoard (needs the tensorboard package)")
-    parser.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live dashboard")
+    run = parser.add_argument_group("run folder, checkpoints and progress")
+    run.add_argument("--name", help="run folder runs/NAME (default: runs/<env>-<date>-<time>)")
+    run.add_argument("--out", metavar="DIR", help="run folder DIR exactly (instead of --name)")
+    run.add_argument("--runs-dir", default="runs", metavar="DIR", help="where named and timestamped runs go (default runs)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing run folder of that name")
+    run.add_argument("--resume", metavar="RUN_OR_CHECKPOINT",
+                     help="continue a run (its folder, or one of its checkpoints) where its checkpoint left it")
+    run.add_argument("--checkpoint-every", type=_positive_int, metavar="STEPS",
+                     help="save a periodic checkpoint every STEPS agent steps")
+    run.add_argument("--checkpoint-minutes", type=_non_negative_float, default=10.0, metavar="MIN",
+                     help="save a periodic checkpoint every MIN minutes (default 10; 0: never)")
+    run.add_argument("--keep", type=_positive_int, default=3, metavar="K",
+                     help="periodic checkpoints kept (the newest K; default 3)")
+    run.add_argument("--tensorboard", metavar="LOGDIR", help="also log to TensorBoard (needs the tensorboard package)")
+    run.add_argument("--no-live", action="store_true", help="progress lines instead of the live view")
+    run.add_argument("--log-seconds", type=_positive_float, default=5.0, metavar="S",
+                     help="seconds between progress lines without the live view (default 5)")
+    run.add_argument("--versus-every", type=_non_negative_int, default=10, metavar="ITERS",
+                     help="two-player zero-sum games: win/draw/loss against a random opponent every ITERS "
+                          "iterations (default 10; 0: never)")
+    run.add_argument("--versus-games", type=_positive_int, default=20, metavar="N", help="games per check (default 20)")
 
 
 def run(args: argparse.Namespace, config: dict) -> int:
-    return train_command(config, args.out, live=not args.no_live, tensorboard=args.tensorboard)
-
-
-def train_command(config: dict, out: str | Path, live: bool = True, tensorboard: str | None = None) -> int:
-    """Train, then save the checkpoint, history and learning curve into ``out``. Ctrl-C stops the training,
-    still saves everything, and returns 130."""
     from rich.console import Console
 
-    from packrl.train.dashboard import Dashboard
-    from packrl.train.ppo import PPO
-    from packrl.train.run import make_policy, make_vecenv, plot_learning_curve, ppo_config, save, write_history
+    from packrl.train.session import EXIT_BAD_INPUT, RunOptions, train_run
 
-    console = Console()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = ppo_config(config)
-    vecenv = make_vecenv(config, seed=cfg.seed)
-    history: list[dict] = []
-    interrupted = False
+    given = {dest[4:] for dest, value in vars(args).items() if dest.startswith("cfg:") and value is not None}
+    options = RunOptions(
+        out=args.out, name=args.name, runs_dir=args.runs_dir, overwrite=args.overwrite, resume=args.resume,
+        env_given=getattr(args, "env", None) is not None, total_steps_given="train.total_steps" in given,
+        device_given="train.device" in given,
+        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
+        live=not args.no_live, tensorboard=args.tensorboard, log_seconds=args.log_seconds,
+        versus_every=args.versus_every, versus_games=args.versus_games)
+    if args.resume is not None:
+        fixed = sorted(given - RESUME_CHANGEABLE)
+        fixed += ["--config"] if getattr(args, "config", None) else []
+        fixed += ["--preset"] if getattr(args, "preset", "auto") != "auto" else []
+        if fixed:
+            print(f"packrl train: --resume continues the run with its recorded settings, which {', '.join(fixed)} "
+                  "would change (a resumed run may change only ENV, --total-steps and --device)", file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
-        ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
-        total = int(config["train"]["total_steps"])
-        title = f"packrl PPO on {config['env']['id']} ({vecenv.num_agents} rows, {ppo.device})"
+        return train_run(config, options, Console()).code
+    except PackrlError as err:
+        print(f"packrl train: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
-        with Dashboard(title, total, live=live and console.is_terminal, tensorboard=tensorboard, console=console) as board:
-            def callback(stats: dict) -> None:
-                history.append(stats)
-                board.update(stats)
 
-            try:
-                ppo.train(total, callback)
-            except KeyboardInterrupt:
-                interrupted = True
-        checkpoint = save(ppo, config, out / "checkpoint", history)
-        write_history(history, out / "history.jsonl")
-        curve = plot_learning_curve(history, out / "learning_curve.png", title)
-    finally:
-        vecenv.close()
-    if interrupted:
-        console.print(f"[yellow]interrupted at {ppo.global_step:,} steps[/yellow]")
-    returns = [h["episode_return"] for h in history if "episode_return" in h]
-    if returns:
-        console.print(f"last mean episode return {returns[-1]:.3f} after {ppo.global_step:,} agent steps")
-    console.print(f"checkpoint: {checkpoint}")
-    console.print(f"learning curve: {curve if curve else '(no episode ended, no curve)'}")
-    return 130 if interrupted else 0
+RESUME_CHANGEABLE = {"train.total_steps", "train.device"}
+"""The settings a resumed run may change (every other one is the recorded run's)."""
+
+
+def train_command(config: dict, out: str | Path | None = None, live: bool = True, tensorboard: str | None = None,
+                  **options: object) -> int:
+    """Train as ``packrl train`` does, from Python; returns its exit code. ``options``: other RunOptions."""
+    from packrl.train.session import RunOptions, train_run
+
+    return train_run(config, RunOptions(out=None if out is None else str(out), live=live, tensorboard=tensorboard,
+                                        **options)).code
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive number")
+    return value

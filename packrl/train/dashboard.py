@@ -1,11 +1,14 @@
-"""A live terminal dashboard (rich) and optional TensorBoard logging, fed one stats dict per iteration."""
+"""Training progress a person can read: a live rich view on a terminal (a bar with percentage, ETA and
+steps/s above a table of returns and losses), log lines at a time interval elsewhere, and optional
+TensorBoard logging. Fed one stats dict per iteration."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:.3f}"),
@@ -13,29 +16,44 @@ SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:
          ("v_loss", "value loss", "{:.4f}"), ("entropy", "entropy", "{:.4f}"), ("approx_kl", "approx KL", "{:.5f}"),
          ("clipfrac", "clip fraction", "{:.3f}"), ("explained_variance", "explained variance", "{:.3f}"),
          ("learning_rate", "learning rate", "{:.2e}"))
+PER_AGENT, VERSUS = "episode_return/", "vs_random/"
 
 
 class Dashboard:
-    """``with Dashboard(title, total_steps) as d: ppo.train(n, callback=d.update)``. ``live=False`` prints one
-    line per ``every`` iterations instead (for logs and non-terminals)."""
+    """``with Dashboard(title, total_steps) as d: ppo.train(n, callback=d.update)``. ``live=False`` prints a
+    progress line every ``log_seconds`` seconds instead (for logs and non-terminals), and one at the end.
+    ``start_step``: where a resumed run starts (progress and ETA count from there)."""
 
     def __init__(self, title: str, total_steps: int, live: bool = True, tensorboard: str | None = None,
-                 every: int = 10, console: Console | None = None):
-        self.title, self.total_steps, self.every = title, total_steps, every
-        self.console = console or Console()
-        self.live = Live(self._table({}), console=self.console, refresh_per_second=4) if live else None
-        self.writer = _tensorboard_writer(tensorboard) if tensorboard else None
+                 log_seconds: float = 5.0, console: Console | None = None, start_step: int = 0):
+        self.title, self.total_steps, self.log_seconds = title, total_steps, log_seconds
         self.start = time.perf_counter()
+        self.start_step = self.step = start_step
         self.last: dict = {}
+        self.last_log, self.logged_step = self.start, None
+        self.console = console or Console()
+        self.writer = _tensorboard_writer(tensorboard) if tensorboard else None
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 MofNCompleteColumn(), TextColumn("[cyan]{task.fields[sps]} steps/s"),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 console=self.console)
+        self.task = self.progress.add_task("steps", total=total_steps, completed=start_step, sps="-")
+        self.live = Live(_View(self), console=self.console, refresh_per_second=4) if live else None
 
     def __enter__(self) -> "Dashboard":
         if self.live is not None:
             self.live.__enter__()
+        else:
+            self.console.print(f"{self.title}: {self.total_steps:,} agent steps"
+                               + (f", from {self.start_step:,}" if self.start_step else "")
+                               + f"; a progress line every {self.log_seconds:g} s", highlight=False, soft_wrap=True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.live is not None:
             self.live.__exit__(*exc)
+        elif self.last and self.logged_step != self.step:
+            self._log_line()
         if self.writer is not None:
             self.writer.close()
 
@@ -43,27 +61,70 @@ class Dashboard:
         if "episode_return" in stats or not self.last:
             self.last = dict(stats)
         else:  # keep the last episode figures when no episode ended this iteration
-            self.last.update({k: v for k, v in stats.items()})
+            self.last.update(stats)
+        self.step = stats["global_step"]
+        self.progress.update(self.task, completed=min(self.step, self.total_steps), sps=f"{self.steps_per_second():,.0f}")
         if self.writer is not None:
-            for key, _, _ in SHOWN:
-                if key in stats:
-                    self.writer.add_scalar(f"train/{key}", stats[key], stats["global_step"])
-        if self.live is not None:
-            self.live.update(self._table(self.last))
-        elif stats["iteration"] % self.every == 0:
-            shown = ", ".join(f"{label} {fmt.format(self.last[k])}" for k, label, fmt in SHOWN[:5] if k in self.last)
-            self.console.print(f"[{stats['global_step']:>10,}] {shown}")
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and (key in dict((k, 0) for k, _, _ in SHOWN)
+                                                        or key.startswith((PER_AGENT, VERSUS))):
+                    self.writer.add_scalar(f"train/{key}", value, stats["global_step"])
+        if self.live is None and time.perf_counter() - self.last_log >= self.log_seconds:
+            self._log_line()
 
-    def _table(self, stats: dict) -> Table:
+    def steps_per_second(self) -> float:
+        """Mean rate of this session (a resumed run counts from where it resumed)."""
         elapsed = time.perf_counter() - self.start
-        step = stats.get("global_step", 0)
-        table = Table(title=f"{self.title}  {step:,}/{self.total_steps:,} steps  {elapsed:.0f} s", show_header=False,
-                      min_width=48)
+        return (self.step - self.start_step) / elapsed if elapsed > 0 else 0.0
+
+    def eta_seconds(self) -> float | None:
+        rate = self.steps_per_second()
+        return max(self.total_steps - self.step, 0) / rate if rate > 0 else None
+
+    def _log_line(self) -> None:
+        self.last_log, self.logged_step = time.perf_counter(), self.step
+        eta = self.eta_seconds()
+        shown = ", ".join(f"{label} {fmt.format(v)}" for k, label, fmt in SHOWN[1:5]
+                          if isinstance(v := self.last.get(k), (int, float)))
+        extra = ", ".join(f"{k} {v:.3f}" for k, v in self.last.items()
+                          if k.startswith((PER_AGENT, VERSUS)) and isinstance(v, (int, float)))
+        percent = 100.0 * self.step / self.total_steps if self.total_steps else 100.0
+        self.console.print(
+            f"[{self.step:>12,}/{self.total_steps:,} {percent:5.1f}%] {self.steps_per_second():,.0f} steps/s, "
+            f"elapsed {_clock(time.perf_counter() - self.start)}, ETA {_clock(eta) if eta is not None else '-'}"
+            + (f" | {shown}" if shown else "") + (f", {extra}" if extra else ""),
+            highlight=False, soft_wrap=True)
+
+    def table(self) -> Table:
+        stats = self.last
+        table = Table(title=self.title, show_header=False, min_width=48)
         table.add_column(style="cyan")
         table.add_column(justify="right")
-        for key, label, fmt in SHOWN:
-            table.add_row(label, fmt.format(stats[key]) if key in stats else "-")
+        rows = [(label, fmt.format(stats[key]) if isinstance(stats.get(key), (int, float)) else "-")
+                for key, label, fmt in SHOWN]
+        rows += [(f"return of {k[len(PER_AGENT):]}", f"{v:.3f}") for k, v in stats.items() if k.startswith(PER_AGENT)]
+        if any(k.startswith(VERSUS) for k in stats):
+            rows.append(("vs random: win / draw / loss", " / ".join(
+                f"{stats.get(VERSUS + k, float('nan')):.2f}" for k in ("win", "draw", "loss"))))
+        for label, value in rows:
+            table.add_row(label, value)
         return table
+
+
+class _View:
+    """What the live display draws at each refresh: the progress bar above the latest figures."""
+
+    def __init__(self, board: Dashboard):
+        self.board = board
+
+    def __rich__(self) -> Group:
+        return Group(self.board.progress, self.board.table())
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 def _tensorboard_writer(logdir: str) -> Any:

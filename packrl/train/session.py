@@ -1,0 +1,389 @@
+"""One training run as a person runs it: its own folder, periodic checkpoints, signals that save, a NaN
+guard, and resuming.
+
+    runs/<name>/                 --name NAME, --out DIR, or <env>-<date>-<time> (never reused unless asked)
+      checkpoint/                the newest complete checkpoint (periodic, or the last one of the run)
+      checkpoints/step-<N>/      periodic checkpoints, the newest ``keep`` of them
+      history.jsonl              one line per iteration, written as it happens (NaN kept as "nan")
+      learning_curve.png
+
+Exit codes: 0 done, 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM (both save a checkpoint at the
+end of the iteration under way, then exit), 3 stopped by a non-finite value or an env error (nothing of
+that iteration is saved; the last good checkpoint stays), 2 a bad setting or folder.
+
+``--resume RUN_OR_CHECKPOINT`` continues from a checkpoint, at the iteration boundary it was saved at: the
+weights, the optimizer state, the step and iteration counts (so the learning-rate schedule), and the torch,
+NumPy and Python RNG states are restored exactly; every env is reset with seeds derived from (seed,
+iteration) (``PPO.reset_envs``), so episodes under way at the cut restart. History and curve continue in the
+same run folder.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from packrl.errors import PackrlError
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
+SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
+
+
+class RunError(PackrlError, ValueError):
+    """A run folder or a checkpoint to resume from cannot be used as asked."""
+
+
+@dataclass
+class RunOptions:
+    """Where a run goes and how it is watched; the training settings themselves are the config."""
+
+    out: str | None = None  # exactly this folder
+    name: str | None = None  # runs_dir/NAME
+    runs_dir: str = "runs"
+    overwrite: bool = False
+    resume: str | None = None  # a run folder or a checkpoint folder
+    env_given: bool = False  # the env id was given on the command line (not read from the checkpoint)
+    total_steps_given: bool = False  # with resume: the given total_steps replaces the recorded one
+    device_given: bool = False  # with resume: the given device replaces the recorded one
+    checkpoint_every: int | None = None  # agent steps between periodic checkpoints
+    checkpoint_minutes: float | None = 10.0
+    keep: int = 3
+    live: bool = True
+    tensorboard: str | None = None
+    log_seconds: float = 5.0
+    versus_every: int = 10  # iterations between win-rate checks (two-player zero-sum games; 0: never)
+    versus_games: int = 20
+
+
+@dataclass
+class RunResult:
+    code: int
+    folder: Path | None
+    checkpoint: Path | None
+    global_step: int
+    last_return: float | None
+
+
+# ---------------------------------------------------------------- folders
+
+
+def new_run_folder(options: RunOptions, env_id: str) -> Path:
+    """The folder of a new run: ``out``, ``runs_dir/name``, or ``runs_dir/<env>-<timestamp>``. An existing
+    folder that is not empty is refused unless ``overwrite``, and then only if it is a packrl run folder."""
+    if options.out is not None and options.name is not None:
+        raise RunError("--out and --name both name the run folder: give one")
+    if options.out is not None or options.name is not None:
+        folder = Path(options.out) if options.out is not None else Path(options.runs_dir) / options.name
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            if not options.overwrite:
+                raise RunError(f"run folder {folder} already exists; pass --overwrite to replace it, --resume {folder} "
+                               "to continue it, or choose another --name/--out")
+            if not is_run_folder(folder):
+                raise RunError(f"--overwrite: {folder} is not a packrl run folder (no checkpoint or history.jsonl); "
+                               "refusing to delete it")
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", env_id.rsplit(".", 1)[-1] if env_id.startswith("pettingzoo.") else env_id)
+    base = Path(options.runs_dir) / f"{stem.strip('-') or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder, n = base, 1
+    while True:
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            n += 1
+            folder = base.with_name(f"{base.name}-{n}")
+
+
+def is_run_folder(folder: Path) -> bool:
+    return folder.is_dir() and not folder.is_symlink() and any(
+        (folder / name).exists() for name in ("checkpoint", "checkpoints", "history.jsonl"))
+
+
+def find_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
+    """``(checkpoint folder, run folder or None)`` for ``--resume``: a run folder resumes from its newest
+    loadable checkpoint (``checkpoint/``, else the newest of ``checkpoints/``); a checkpoint folder from
+    itself, in the run folder that holds it if any."""
+    from packrl.checkpoint import CheckpointError, read_metadata
+
+    path = Path(path)
+    if not path.exists():
+        raise RunError(f"--resume {path}: no such run or checkpoint folder")
+    if (path / "metadata.json").is_file():
+        parent = path.parent
+        run = parent.parent if parent.name == "checkpoints" else parent if path.name == "checkpoint" else None
+        return path, run if run is not None and is_run_folder(run) else None
+    candidates = [path / "checkpoint"] + sorted((path / "checkpoints").glob("step-*"), reverse=True)
+    readable = []
+    for candidate in candidates:
+        try:
+            readable.append((int(read_metadata(candidate).get("global_step", -1)), candidate))
+        except (CheckpointError, OSError, ValueError):
+            continue
+    if not readable:
+        raise RunError(f"--resume {path}: no loadable checkpoint in it (looked at checkpoint/ and checkpoints/step-*)")
+    return max(readable, key=lambda item: item[0])[1], path
+
+
+# ---------------------------------------------------------------- history
+
+
+def history_line(stats: dict) -> str:
+    """One JSON line; a non-finite float is kept as the string "nan", "inf" or "-inf" (JSON has no NaN)."""
+    return json.dumps({k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()})
+
+
+def read_history(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rows.append({k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in json.loads(line).items()})
+    return rows
+
+
+class History:
+    """history.jsonl written line by line as iterations end (a crash keeps every finished iteration)."""
+
+    def __init__(self, path: Path, keep_until_iteration: int | None = None):
+        self.path = path
+        self.rows = read_history(path) if keep_until_iteration is not None else []
+        if keep_until_iteration is not None:  # a resumed run drops what came after its checkpoint
+            self.rows = [r for r in self.rows if r.get("iteration", 0) <= keep_until_iteration]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(history_line(r) + "\n" for r in self.rows))
+        tmp.replace(path)
+        self.file = open(path, "a")
+
+    def append(self, stats: dict) -> None:
+        self.rows.append(stats)
+        self.file.write(history_line(stats) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+class Checkpoints:
+    """Saves ``checkpoint/`` and the periodic ``checkpoints/step-<N>/`` of a run, keeping the newest ``keep``
+    periodic ones. An old checkpoint is removed only after the new one is completely written."""
+
+    def __init__(self, folder: Path, every_steps: int | None, every_minutes: float | None, keep: int, step: int):
+        if keep < 1:
+            raise RunError(f"--keep {keep}: keep at least 1 periodic checkpoint")
+        if every_steps is not None and every_steps < 1:
+            raise RunError(f"--checkpoint-every {every_steps}: give a positive number of agent steps")
+        self.folder, self.every_steps, self.keep = folder, every_steps, keep
+        self.every_seconds = every_minutes * 60.0 if every_minutes else None
+        self.last_step, self.last_time = step, time.monotonic()
+        self.latest: Path | None = None
+
+    def due(self, step: int) -> bool:
+        by_steps = self.every_steps is not None and step // self.every_steps > self.last_step // self.every_steps
+        by_time = self.every_seconds is not None and time.monotonic() - self.last_time >= self.every_seconds
+        return by_steps or by_time
+
+    def save_periodic(self, ppo: Any, config: dict, history: list[dict]) -> Path:
+        from packrl.train.run import save
+
+        path = save(ppo, config, self.folder / "checkpoints" / f"step-{ppo.global_step:012d}", history)
+        self.save_latest(ppo, config, history)
+        self._rotate(keep=path)
+        return path
+
+    def save_latest(self, ppo: Any, config: dict, history: list[dict]) -> Path:
+        from packrl.train.run import save
+
+        self.latest = save(ppo, config, self.folder / "checkpoint", history)
+        self.last_step, self.last_time = ppo.global_step, time.monotonic()
+        return self.latest
+
+    def _rotate(self, keep: Path) -> None:
+        """Remove periodic checkpoints beyond the newest ``keep`` (by write time: after a resume from an
+        earlier checkpoint, the abandoned later ones go first)."""
+        saved = [p for p in (self.folder / "checkpoints").glob("step-*") if p.is_dir() and not p.is_symlink()]
+        saved.sort(key=lambda p: (p == keep, _mtime(p)))
+        for old in saved[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return (path / "metadata.json").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# ---------------------------------------------------------------- signals
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the run to stop at the end of the iteration under way (then it saves); a
+    second SIGINT stops at once, without saving. Outside the main thread signals are left alone."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNAL_EXIT:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+
+# ---------------------------------------------------------------- the run
+
+
+def train_run(config: dict, options: RunOptions, console: Console | None = None) -> RunResult:
+    """Train one run as the options say. Errors in the settings, the folder or the checkpoint to resume
+    raise (``PackrlError``: the caller prints them, exit 2); what happens once training started is
+    told by the exit code of the result."""
+    from packrl.checkpoint import load_checkpoint
+    from packrl.train.dashboard import Dashboard
+    from packrl.train.ppo import PPO, NonFiniteError, seed_everything
+    from packrl.train.run import env_creator, make_policy, make_vecenv, plot_learning_curve, ppo_config
+
+    console = console or Console()
+    resume_state = None
+    if options.resume is not None:
+        checkpoint_path, resume_folder = find_checkpoint(options.resume)
+        policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
+        if "resume" not in metadata:
+            raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
+        config = _resumed_config(metadata["config"], config, options)
+        if not options.env_given:  # a checkpoint is data: its env id never names code to run
+            env = config["env"]
+            env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
+        resume_state = (metadata["resume"], policy_state, optimizer_state)
+        folder = resume_folder if resume_folder is not None and options.out is None and options.name is None \
+            else new_run_folder(options, config["env"]["id"])
+    else:
+        folder = new_run_folder(options, config["env"]["id"])
+    env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
+    cfg = ppo_config(config)
+
+    seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
+    vecenv = make_vecenv(config, seed=cfg.seed)
+    stops = StopSignals()
+    history = None
+    code, error = EXIT_OK, None
+    try:
+        policy = make_policy(vecenv, config["policy"])
+        ppo = PPO(vecenv, policy, cfg)
+        if resume_state is not None:
+            ppo.load_training_state(*resume_state)
+        history = History(folder / "history.jsonl", keep_until_iteration=ppo.iteration if resume_state else None)
+        checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
+                                  ppo.global_step)
+        versus = _versus_check(env_id, config, options)
+        title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
+        board = Dashboard(title, total, live=options.live and console.is_terminal, tensorboard=options.tensorboard,
+                          log_seconds=options.log_seconds, console=console, start_step=ppo.global_step)
+
+        def callback(stats: dict) -> bool:
+            if versus is not None and stats["iteration"] % options.versus_every == 0:
+                stats.update({f"vs_random/{k}": v for k, v in versus(ppo.policy, stats["iteration"]).items()
+                              if k != "games"})
+            history.append(stats)
+            board.update(stats)
+            if stops.received is None and stats["global_step"] < total and checkpoints.due(stats["global_step"]):
+                checkpoints.save_periodic(ppo, config, history.rows)
+            return stops.received is None
+
+        with stops, board:
+            try:
+                ppo.train(total, callback)
+            except (NonFiniteError, PackrlError) as err:
+                code, error = EXIT_STOPPED_BY_ERROR, err
+                history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step,
+                                **getattr(err, "stats", {}), "error": str(err)})
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
+                code = EXIT_SIGINT
+            if code == EXIT_OK:
+                if stops.received is not None:
+                    code = SIGNAL_EXIT[stops.received]
+                checkpoints.save_latest(ppo, config, history.rows)
+        plot_learning_curve(history.rows, folder / "learning_curve.png", title)
+    except KeyboardInterrupt:  # Ctrl-C before training started
+        code = EXIT_SIGINT
+        console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
+        return RunResult(code, folder, None, 0, None)
+    finally:
+        vecenv.close()
+        if history is not None:
+            history.close()
+
+    returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
+    last = returns[-1] if returns else None
+    latest = checkpoints.latest
+    if error is not None:
+        kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
+            "no checkpoint had been saved yet"
+        console.print(f"[red]training stopped: {error}[/red]", highlight=False, soft_wrap=True)
+        console.print(f"nothing of that iteration was saved; {kept}", highlight=False)
+    elif code in (EXIT_SIGINT, EXIT_SIGTERM):
+        why = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT (Ctrl-C)"
+        if latest is not None and checkpoints.last_step == ppo.global_step:
+            console.print(f"[yellow]stopped by {why} (interrupted) at {ppo.global_step:,} steps; checkpoint saved; "
+                          f"continue with: packrl train --resume {folder}[/yellow]", highlight=False)
+        else:
+            console.print(f"[yellow]stopped at once by a second Ctrl-C (interrupted) at {ppo.global_step:,} steps; "
+                          f"nothing saved from this session's last iteration[/yellow]", highlight=False)
+    if last is not None:
+        console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False)
+    console.print(f"run folder: {folder}", highlight=False)
+    console.print(f"checkpoint: {latest if latest else '(none)'}", highlight=False)
+    curve = folder / "learning_curve.png"
+    console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False)
+    return RunResult(code, folder, latest, ppo.global_step, last)
+
+
+def _resumed_config(recorded: dict, given: dict, options: RunOptions) -> dict:
+    """The recorded config of the run, with what a resumed run may change: ``total_steps`` (to extend a
+    run), ``device``, and the env when it was given on the command line."""
+    import copy
+
+    config = copy.deepcopy(recorded)
+    config["train"]["total_steps"] = given["train"]["total_steps"] if options.total_steps_given else \
+        recorded["train"]["total_steps"]
+    if options.device_given:
+        config["train"]["device"] = given["train"]["device"]
+    if options.env_given:
+        config["env"] = copy.deepcopy(given["env"])
+    return config
+
+
+def _versus_check(env_id: str, config: dict, options: RunOptions) -> Any:
+    """``check(policy, iteration) -> rates`` for two-player zero-sum games, else None."""
+    from packrl.train.run import env_creator
+    from packrl.train.versus import is_two_player_zero_sum, versus_random
+
+    if options.versus_every <= 0 or not is_two_player_zero_sum(env_id):
+        return None
+    creator, _ = env_creator(env_id, config["env"].get("kwargs"), "aec")
+    seed = int(config["train"].get("seed", 0))
+    return lambda policy, iteration: versus_random(policy, creator, options.versus_games, seed=seed + 7919 * iteration)
