@@ -1,10 +1,11 @@
 """One training run from a config: resolve the env, build the vector env and policy, train, save.
 
-The config has four sections, as in a TOML file::
+The config has four sections, as in a TOML file (every key, its type, range and default: ``packrl.config``,
+or ``packrl train --help``)::
 
-    [env]    id = "gridworld"          # gymnasium id, pettingzoo module path, packrl Numba env, module:function
+    [env]    id = "gridworld"          # gymnasium id, module:EnvId, pettingzoo module path, packrl Numba env, module:function
              kwargs = {}               # passed to the env constructor
-    [vec]    backend = "numba"         # serial, multiprocessing, numba (default: numba for packrl envs)
+    [vec]    backend = "numba"         # serial, multiprocessing, numba, ray (default: numba for packrl envs)
              num_envs = 64
     [policy] encoder = "layout"        # the Layout encoder (per-leaf choices under [policy.overrides])
              network = "mlp"           # mlp, lstm, gru, mingru
@@ -15,7 +16,6 @@ The config has four sections, as in a TOML file::
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 from pathlib import Path
@@ -24,118 +24,89 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from packrl import config as config_settings
 from packrl.checkpoint import load_checkpoint, save_checkpoint
-from packrl.errors import PackrlError
+from packrl.env_ids import env_creator
+from packrl.errors import ConfigError
 from packrl.train.ppo import PPO, PPOConfig
 
-DEFAULTS: dict[str, dict] = {
-    "env": {"id": "gridworld", "kwargs": {}, "api": "auto"},
-    "vec": {"backend": "auto", "num_envs": 8, "num_workers": None},
-    "policy": {"encoder": "layout", "network": "mlp", "hidden": 128, "decoder": "default", "overrides": {}},
-    "train": {"total_steps": 100_000},
-}
-
-
-class ConfigError(PackrlError, ValueError):
-    """A config file or flag names a section, key or value that does not exist."""
+DEFAULTS: dict[str, dict] = config_settings.defaults()  # the config dataclasses' defaults (packrl.config)
 
 
 def merge_config(*layers: dict) -> dict:
-    """DEFAULTS updated by each layer in turn (file, then command-line flags); unknown keys are refused."""
-    config = copy.deepcopy(DEFAULTS)
-    known_train = set(PPOConfig.__dataclass_fields__) | {"total_steps"}
-    for layer in layers:
-        for section, values in layer.items():
-            if section not in config:
-                raise ConfigError(f"unknown config section [{section}]; sections are {sorted(config)}")
-            for key, value in values.items():
-                allowed = known_train if section == "train" else set(DEFAULTS[section])
-                if key not in allowed:
-                    raise ConfigError(f"unknown key {section}.{key}; known: {sorted(allowed)}")
-                config[section][key] = value
-    return config
+    """DEFAULTS updated by each layer in turn (preset, file, then command-line flags). Every value is checked
+    and typed by its setting (packrl.config); unknown sections and keys are refused with ConfigError, which
+    names the file of a layer read by ``load_config_file``."""
+    return config_settings.merge(*layers)
 
 
 def load_config_file(path: str | Path) -> dict:
-    """A TOML (``.toml``) or INI (other suffixes) file as nested dicts; INI values are parsed as TOML values."""
+    """A TOML file (INI for ``.ini``/``.cfg``, its values read as TOML values) as ``{section: {key: value}}``,
+    remembering its name for error messages. A missing file or bad syntax is one ConfigError line naming it."""
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config file: {err}") from None
+    if path.suffix.lower() in (".ini", ".cfg"):
+        import configparser
+
+        parser = configparser.ConfigParser()
+        try:
+            parser.read_string(text, source=str(path))
+        except configparser.Error as err:
+            raise ConfigError(f"{path}: not a valid INI file: {' '.join(str(err).split())}") from None
+        values = {s: {k: parse_value(v) for k, v in parser[s].items()} for s in parser.sections()}
+        return config_settings.ConfigLayer(values, str(path))
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib
-    if path.suffix == ".toml":
-        return tomllib.loads(text)
-    import configparser
-
-    parser = configparser.ConfigParser()
-    parser.read_string(text)
-    return {s: {k: parse_value(v) for k, v in parser[s].items()} for s in parser.sections()}
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return config_settings.ConfigLayer(values, str(path))
 
 
 def parse_value(text: str) -> Any:
     """A command-line or INI value: a TOML literal when it is one (numbers, booleans, arrays, tables), else the string."""
-    try:
-        import tomllib
-    except ImportError:
-        import tomli as tomllib
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except Exception:
-        return text
+    return config_settings.parse_toml_value(text)
 
 
 # ---------------------------------------------------------------- envs
 
 
-def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
-                allow_code: bool = True) -> tuple[Callable[[], Any], str]:
-    """``(creator, default backend)`` for an env id: a packrl Numba env name, ``module:function``,
-    a PettingZoo module path (``pettingzoo.classic.connect_four_v3``), or a gymnasium id.
-
-    ``allow_code=False`` is for ids read from files (checkpoints): an id that would make packrl import a
-    module or call a function the id itself names (``module:function``) is refused with ConfigError."""
-    kwargs = dict(kwargs or {})
-    from packrl import envs as packrl_envs
-
-    if env_id in packrl_envs.names():
-        if kwargs:
-            raise ConfigError(f"packrl env {env_id!r} takes no env.kwargs (got {sorted(kwargs)})")
-        return (lambda: env_id), "numba"
-    if ":" in env_id:
-        if not allow_code:
-            raise ConfigError(f"env id {env_id!r} names code to import and call; an id read from a file is never "
-                              "executed: give the env on the command line (--env) or pass --trust-checkpoint")
-        module_name, _, function = env_id.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), function)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"cannot load env creator {env_id!r}: {err}") from None
-        return (lambda: fn(**kwargs)), "serial"
-    if env_id.startswith("pettingzoo."):
-        try:
-            module = importlib.import_module(env_id)
-        except ImportError as err:
-            raise ConfigError(f"cannot import PettingZoo env {env_id!r}: {err}") from None
-        use_parallel = api == "parallel" or (api == "auto" and hasattr(module, "parallel_env"))
-        factory = module.parallel_env if use_parallel else module.env
-        return (lambda: factory(**kwargs)), "serial"
-    import gymnasium
-
-    if env_id not in gymnasium.registry:
-        raise ConfigError(f"unknown env {env_id!r}: not a packrl env ({packrl_envs.names()}), not module:function, "
-                          "not a pettingzoo.* module, and not a registered gymnasium id")
-    return (lambda: gymnasium.make(env_id, **kwargs)), "serial"
-
-
 def make_vecenv(config: dict, seed: int = 0) -> Any:
+    """The vector env of ``config["env"]`` and ``config["vec"]``; a backend that cannot take the env or the
+    worker count is refused (ConfigError) before any env is built."""
     from packrl import vector
 
-    creator, default_backend = env_creator(config["env"]["id"], config["env"].get("kwargs"), config["env"].get("api", "auto"))
-    vec = config["vec"]
-    backend = default_backend if vec.get("backend", "auto") == "auto" else vec["backend"]
-    extra = {"num_workers": vec["num_workers"]} if backend == "multiprocessing" and vec.get("num_workers") else {}
+    env, vec = config["env"], config["vec"]
+    creator, default_backend = env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"))
+    chosen = vec.get("backend", "auto")
+    backend = default_backend if chosen == "auto" else chosen
+    how = f"backend {backend!r}" + (" (auto for this env)" if chosen == "auto" else "")
+    num_workers = vec.get("num_workers")
+    if num_workers is not None and backend not in ("multiprocessing", "ray"):
+        raise ConfigError(f"vec.num_workers = {num_workers} applies to the multiprocessing and ray backends, not "
+                          f"{how}: set vec.backend (--backend multiprocessing) or leave num_workers out")
+    if backend == "numba" and default_backend != "numba":
+        raise ConfigError(f"vec.backend = 'numba' steps packrl's Numba envs ({', '.join(_packrl_env_names())}), "
+                          f"not {env['id']!r}: use serial or multiprocessing")
+    if default_backend == "numba" and backend not in ("numba", "multiprocessing"):
+        raise ConfigError(f"packrl env {env['id']!r} runs on the numba backend (or numba inside multiprocessing "
+                          f"workers), not {how}")
+    extra = {"num_workers": num_workers} if num_workers is not None else {}
     return vector.make(creator, int(vec["num_envs"]), backend=backend, seed=seed, **extra)
+
+
+def _packrl_env_names() -> list[str]:
+    from packrl import envs
+
+    return envs.names()
 
 
 def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
@@ -155,6 +126,7 @@ def _path_key(part: str) -> Any:
 
 
 def ppo_config(config: dict) -> PPOConfig:
+    """The PPOConfig of ``config["train"]`` (its keys but ``total_steps``; values checked by merge_config)."""
     train = {k: v for k, v in config["train"].items() if k != "total_steps"}
     return PPOConfig(**train)
 
@@ -163,13 +135,16 @@ def ppo_config(config: dict) -> PPOConfig:
 
 
 def save(ppo: PPO, config: dict, path: str | Path, history: list[dict]) -> Path:
+    """A checkpoint of ``ppo`` at an iteration boundary: weights, optimizer, and under ``resume`` the counters
+    and RNG states ``PPO.load_training_state`` continues from (``packrl train --resume``)."""
     env = ppo.env
     layouts = {"observation": env.emulated.observation, "action": env.emulated.action.layout}
-    returns = [h["episode_return"] for h in history if "episode_return" in h]
+    returns = [h["episode_return"] for h in history if isinstance(h.get("episode_return"), float)
+               and math.isfinite(h["episode_return"])]
     return save_checkpoint(path, ppo.policy.state_dict(), config=config, layouts=layouts,
                            env_id=config["env"]["id"], seed=ppo.config.seed, optimizer=ppo.optimizer.state_dict(),
                            global_step=ppo.global_step, iteration=ppo.iteration,
-                           last_episode_return=returns[-1] if returns else None)
+                           last_episode_return=returns[-1] if returns else None, resume=ppo.training_state())
 
 
 def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None, env_kwargs: dict | None = None,
@@ -236,34 +211,50 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
 
 
 def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Path | None:
-    """Mean episode return per iteration against agent steps, as a PNG (None when no episode ended)."""
-    points = [(h["global_step"], h["episode_return"]) for h in history if "episode_return" in h]
-    if not points:
+    """Mean episode return per iteration against agent steps, as a PNG (None when no episode ended). With
+    several agents per env, one line per agent; in two-player games also the win rate against a random
+    opponent (right axis). Non-finite values are left out of the plot (history.jsonl keeps them)."""
+    agents = sorted({k for h in history for k in h if k.startswith("episode_return/")})
+    series = {k.partition("/")[2]: _points(history, k) for k in agents} or {"per iteration": _points(history, "episode_return")}
+    series = {name: pts for name, pts in series.items() if len(pts)}
+    wins = _points(history, "vs_random/win")
+    if not series and not len(wins):
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, returns = np.array(points).T
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot(steps, returns, lw=1, alpha=0.4, label="per iteration")
-    window = max(1, len(returns) // 20)
-    if window > 1:
-        smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
+    for name, (steps, returns) in ((n, pts.T) for n, pts in series.items()):
+        ax.plot(steps, returns, lw=1, alpha=0.4 if len(series) == 1 else 0.8, label=name)
+        window = max(1, len(returns) // 20)
+        if window > 1 and len(series) == 1:
+            smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
     ax.set(xlabel="agent steps", ylabel="episode return", title=title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower left")
+    if len(wins):
+        right = ax.twinx()
+        right.plot(*wins.T, "k.-", lw=1, label="win rate vs random")
+        right.set(ylabel="win rate vs random", ylim=(0, 1))
+        right.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
 
 
+def _points(history: list[dict], key: str) -> np.ndarray:
+    """(n, 2) array of (global_step, value) where ``key`` holds a finite number."""
+    pts = [(h["global_step"], h[key]) for h in history
+           if isinstance(h.get(key), (int, float)) and math.isfinite(h[key]) and "global_step" in h]
+    return np.array(pts, dtype=np.float64).reshape(-1, 2)
+
+
 def write_history(history: list[dict], path: str | Path) -> None:
-    Path(path).write_text("\n".join(json.dumps({k: v for k, v in h.items() if _finite(v)}) for h in history) + "\n")
+    """One JSON line per iteration; a NaN or infinity is kept as the string "nan", "inf" or "-inf"."""
+    from packrl.train.session import history_line
 
-
-def _finite(v: Any) -> bool:
-    return not isinstance(v, float) or math.isfinite(v)
+    Path(path).write_text("".join(history_line(h) + "\n" for h in history))
