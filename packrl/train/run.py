@@ -16,7 +16,6 @@ or ``packrl train --help``)::
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
