@@ -1,12 +1,23 @@
-"""``packrl check``: what to verify before a long job, as one report.
+"""``packrl check``: what to verify before a long job, as one report that names the fault where it is.
 
-Steps a vector env with its policy for a few steps and checks: buffer shapes and dtypes, every observation
-leaf inside its space (range, NaN), rewards finite, episode flags well formed, the policy's logits and
-values shaped and finite, sampled actions accepted by the env with finite log-probabilities, and one
-PPO-style backward pass reaching every parameter with a finite gradient.
+Steps a vector env with its policy for a few steps, then runs the policy on what it saw. Every check in
+CHECKS appears in the report, as ok, warn, FAIL, or skipped with the reason (a check that could not run
+because an earlier one failed says which). The checks:
+
+- the buffers' shapes and dtypes;
+- every observation leaf inside its space (NaN, out of range), naming the step, the env row, the leaf and
+  the value; an observation the emulator refused to pack is reported here too, not as an action failure;
+- the policy reads the packed uint8 rows (a float cast before nativize fails here);
+- logits as wide as the env's action layout asks, values one per row, both finite;
+- sampled actions accepted by the env, with finite log-probabilities; rewards finite; episode flags bool;
+- a recurrent state reset where an episode starts (``done``), in ``forward_eval`` and ``forward``;
+- padded (masked) rows kept out of the loss: changing them leaves the loss of the acting rows unchanged;
+- every parameter influences the loss (a gradient that is exactly zero, or none at all because the
+  parameter is detached, fails), and every gradient is finite.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,59 +27,165 @@ from gymnasium import spaces
 
 from packrl.emulation.values import format_path
 
+CHECKS = (
+    "observation buffer shape and dtype",
+    "rewards buffer",
+    "terminals buffer",
+    "truncations buffer",
+    "masks buffer",
+    "observation leaves inside their spaces",
+    "policy reads the packed rows",
+    "policy output shapes",
+    "policy outputs finite",
+    "sampled actions accepted by the env",
+    "action log-probabilities finite",
+    "rewards finite",
+    "episode flags",
+    "recurrent state reset at episode starts",
+    "padded rows kept out of the loss",
+    "every parameter influences the loss",
+    "gradients finite",
+)
+STEP_CHECKS = ("observation leaves inside their spaces", "policy outputs finite", "action log-probabilities finite",
+               "rewards finite", "episode flags")
+HISTORY = 8
+"""Steps of observations kept for the checks that run the policy over time (recurrent state, gradients)."""
+TOLERANCE = 1e-5
+
 
 @dataclass
 class Report:
-    rows: list[tuple[str, str, str]] = field(default_factory=list)  # (check, "ok" | "warn" | "fail", detail)
+    """One (status, detail) per check; status is "ok", "warn", "fail" or "skip"."""
+
+    results: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def add(self, check: str, status: str, detail: str = "") -> None:
-        self.rows.append((check, status, detail))
+        if check not in self.results or self.results[check][0] != "fail":  # the first failure stays
+            self.results[check] = (status, detail)
+
+    @property
+    def rows(self) -> list[tuple[str, str, str]]:
+        order = list(CHECKS) + [c for c in self.results if c not in CHECKS]
+        return [(c, *self.results[c]) for c in order if c in self.results]
 
     @property
     def ok(self) -> bool:
-        return all(status != "fail" for _, status, _ in self.rows)
+        return all(status != "fail" for status, _ in self.results.values())
 
     def failures(self) -> list[tuple[str, str, str]]:
         return [r for r in self.rows if r[1] == "fail"]
 
+    def status(self, check: str) -> str:
+        return self.results.get(check, ("", ""))[0]
+
+    def finish(self, problems: dict[str, list[str]], skipped: str | None = None, seen: int | None = None) -> "Report":
+        """Step problems into their checks (``seen`` steps ran); every check not reached is listed as skipped
+        with the reason ``skipped``."""
+        for check, found in problems.items():
+            more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+            self.add(check, "fail" if found else "ok", "; ".join(found[:3]) + more if found else f"{seen} steps")
+        for check in CHECKS:
+            if check not in self.results:
+                self.results[check] = ("skip", skipped or "not run")
+        return self
+
 
 def check_env(vecenv: Any, policy: torch.nn.Module, steps: int = 64, device: str = "cpu") -> Report:
     report = Report()
-    obs, _ = vecenv.reset(seed=0)
-    _check_buffers(vecenv, obs, report)
-    state = policy.initial_state(vecenv.num_agents, device)
     problems: dict[str, list[str]] = {}
-    done = torch.zeros(vecenv.num_agents, dtype=torch.bool)
+    try:
+        obs, _ = vecenv.reset(seed=0)
+    except Exception as err:
+        return report.finish(problems, _env_failure(report, err, "reset"), 0)
+    _check_buffers(vecenv, obs, report)
+    n = vecenv.num_agents
+    policy = policy.to(device)
+    state = policy.initial_state(n, device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    # (rows, done, acting, tainted) the policy saw. A row whose observation is outside its space is reported
+    # once, under the observation check, and kept out of the checks after it (tainted): its NaN outputs and
+    # gradients are that fault's consequence, not faults of the policy. A recurrent row stays tainted until
+    # its episode ends.
+    history: list[tuple[np.ndarray, torch.Tensor, np.ndarray, np.ndarray]] = []
+    recurrent = bool(state)
+    tainted = np.zeros(n, dtype=bool)
+    for check in STEP_CHECKS:
+        problems[check] = []
     for step in range(steps):
-        _check_observations(vecenv, obs, step, problems)
-        with torch.no_grad():
-            logits, values, state = policy.forward_eval(torch.as_tensor(obs).to(device), state, done)
+        masks = np.asarray(vecenv.masks).copy()
+        bad = _check_observations(vecenv, obs, masks, step, problems)
+        tainted = bad | (tainted & ~done.cpu().numpy()) if recurrent else bad
+        history = (history + [(np.array(obs, copy=True), done.clone(), masks & ~tainted, tainted.copy())])[-HISTORY:]
+        try:
+            with torch.no_grad():
+                logits, values, state = policy.forward_eval(torch.as_tensor(obs).to(device), state, done)
+        except Exception as err:
+            report.add("policy reads the packed rows", "fail", f"step {step}: {_describe(err)}")
+            return report.finish(problems, f"not run: the policy failed at step {step}", step)
         if step == 0:
-            _check_outputs(vecenv, logits, values, report)
-        dist = policy.decoder.distribution(logits.float())
-        action = dist.sample()
-        logp = dist.log_prob(action)
-        masks = np.asarray(vecenv.masks)
-        if not torch.isfinite(logp[torch.from_numpy(masks)]).all():
-            problems.setdefault("action log-probabilities", []).append(f"step {step}: non-finite for acting rows")
+            report.add("policy reads the packed rows", "ok", f"uint8 rows {tuple(obs.shape)}")
+            if not _check_outputs(vecenv, policy, logits, values, report):
+                return report.finish(problems, "not run: the policy's outputs have the wrong shape", 0)
+        _check_finite_outputs(logits, values, ~tainted, step, problems)
+        try:
+            dist = policy.decoder.distribution(logits.float())
+            action = dist.sample()
+            logp = dist.log_prob(action)
+        except Exception as err:
+            report.add("policy output shapes", "fail", f"step {step}: the action distribution refused the logits: "
+                                                       f"{_describe(err)}")
+            return report.finish(problems, f"not run: no action could be sampled at step {step}", step)
+        acting = torch.from_numpy(masks & ~tainted).to(logp.device)
+        if not torch.isfinite(logp[acting]).all():
+            rows = torch.nonzero(acting & ~torch.isfinite(logp)).flatten().tolist()
+            problems["action log-probabilities finite"].append(f"step {step}, env rows {rows[:5]}: non-finite")
         try:
             obs, rewards, terminals, truncations, _ = vecenv.step(policy.decoder.to_numpy(action))
-        except Exception as err:  # report the env's own refusal, naming the step
-            report.add("sampled actions accepted by the env", "fail", f"step {step}: {type(err).__name__}: {err}")
-            return _finish(report, problems)
-        _check_step(rewards, terminals, truncations, step, problems)
-        done = torch.from_numpy(np.asarray(terminals) | np.asarray(truncations))
-    report.add("sampled actions accepted by the env", "ok", f"{steps} steps x {vecenv.num_agents} rows")
-    _check_gradients(policy, obs, device, report)
-    return _finish(report, problems)
+        except Exception as err:
+            return report.finish(problems, _env_failure(report, err, f"step {step}"), step)
+        _check_step(np.asarray(rewards), np.asarray(terminals), np.asarray(truncations), step, problems)
+        done = torch.from_numpy(np.asarray(terminals) | np.asarray(truncations)).to(device)
+    report.add("sampled actions accepted by the env", "ok", f"{steps} steps x {n} rows")
+    report.finish(problems, seen=steps)
+    with torch.random.fork_rng(devices=[]):  # the checks sample with their own seed; the caller's RNG is untouched
+        _check_recurrent_reset(policy, history, device, report)
+        _check_padding(policy, history, device, report)
+        _check_gradients(policy, history, device, report)
+    return report.finish({})
 
 
-def _finish(report: Report, problems: dict[str, list[str]]) -> Report:
-    for check in ("observation leaves inside their spaces", "rewards finite", "episode flags",
-                  "action log-probabilities"):
-        found = problems.get(check, [])
-        report.add(check, "fail" if found else "ok", "; ".join(found[:3]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else ""))
-    return report
+# ---------------------------------------------------------------- env side
+
+
+def _env_failure(report: Report, err: Exception, when: str) -> str:
+    """Report an exception from the env under the check it concerns; returns the reason later checks skip."""
+    text = str(err)
+    env = re.search(r"env (\d+) raised", text)
+    last = _last_line(text)
+    index = env and int(env.group(1))
+    block = re.search(r"at index \((\d+)", last)
+    if index is not None and block and "in step_many" in text and "in pack_rows" in text:
+        # the serial backend packs a block of envs' observations at once and names the block's first env;
+        # the refused sample's first index is its env's position in that block
+        index += int(block.group(1))
+    where = f"{when}, env {index}" if index is not None else when
+    if _is_observation_packing(text):
+        report.add("observation leaves inside their spaces", "fail",
+                   f"{where}: the emulator refused the env's observation: {last}")
+        return f"not run: the env's observation at {when} is outside its space"
+    report.add("sampled actions accepted by the env", "fail", f"{where}: {type(err).__name__}: {last}")
+    return f"not run: the env failed at {when}"
+
+
+def _is_observation_packing(text: str) -> bool:
+    """Whether a traceback (as the vector backends format it) ends in packing an observation."""
+    return bool(re.search(r'emulation/layout\.py", line \d+, in (pack|_pack|_write|_check)', text)) or \
+        bool(re.search(r"emulation/\w+_env\.py\", line \d+, in _write\b", text))
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
 
 
 def _check_buffers(vecenv: Any, obs: np.ndarray, report: Report) -> None:
@@ -79,103 +196,256 @@ def _check_buffers(vecenv: Any, obs: np.ndarray, report: Report) -> None:
     for name, dtype in (("rewards", np.float32), ("terminals", np.bool_), ("truncations", np.bool_), ("masks", np.bool_)):
         array = getattr(vecenv, name)
         ok = array.shape == (vecenv.num_agents,) and array.dtype == dtype
-        report.add(f"{name} buffer", "ok" if ok else "fail", f"{array.shape} {array.dtype}")
+        report.add(f"{name} buffer", "ok" if ok else "fail", f"{array.shape} {array.dtype}, expected "
+                                                             f"({vecenv.num_agents},) {np.dtype(dtype)}")
 
 
-def _check_observations(vecenv: Any, obs: np.ndarray, step: int, problems: dict) -> None:
+def _check_observations(vecenv: Any, obs: np.ndarray, masks: np.ndarray, step: int, problems: dict) -> np.ndarray:
+    """Report the first row outside its space, per leaf; returns the rows with any leaf outside."""
     layout = vecenv.emulated.observation
-    rows = np.flatnonzero(np.asarray(vecenv.masks))
+    outside = np.zeros(len(obs), dtype=bool)
+    rows = np.flatnonzero(masks)
     if obs.dtype == np.uint8 and layout.nbytes <= obs.shape[-1]:
-        leaves = layout.leaves
-        values = [_leaf_values(layout, obs[rows, : layout.nbytes], i) for i in range(len(leaves))]
+        leaves, picked = layout.leaves, np.ascontiguousarray(obs[rows])
+        flat = [picked[:, leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape((len(rows), *leaf.shape))
+                for leaf in leaves]
     else:  # a pass-through Box observation: the rows are the leaf itself
-        leaves, values = layout.leaves[:1], [obs[rows]]
-    for leaf, value in zip(leaves, values):
-        message = _outside(leaf.space, value)
-        if message:
-            problems.setdefault("observation leaves inside their spaces", []).append(
-                f"step {step}, leaf {format_path(leaf.path)}: {message}")
+        leaves, flat = layout.leaves[:1], [obs[rows]]
+    for leaf, value in zip(leaves, flat):
+        bad = _outside(leaf.space, value)
+        if bad is not None:
+            index, why, all_rows = bad
+            outside[rows[all_rows]] = True
+            problems["observation leaves inside their spaces"].append(
+                f"step {step}, env row {int(rows[index])}, leaf {format_path(leaf.path)}: {why}, value "
+                f"{np.array2string(np.asarray(value[index]), threshold=8)}")
+    return outside
 
 
-def _leaf_values(layout: Any, rows: np.ndarray, index: int) -> np.ndarray:
-    flat = _flatten(layout.unpack(rows))
-    return flat[index]
-
-
-def _flatten(tree: Any) -> list:
-    if isinstance(tree, dict):
-        return [x for v in tree.values() for x in _flatten(v)]
-    if isinstance(tree, tuple):
-        return [x for v in tree for x in _flatten(v)]
-    return [tree]
-
-
-def _outside(space: spaces.Space, value: Any) -> str:
-    """Why the batch ``value`` is not inside ``space`` ('' when it is)."""
+def _outside(space: spaces.Space, value: Any) -> tuple[int, str, np.ndarray] | None:
+    """(first row, why, every such row) where the batch ``value`` leaves ``space``; None when all are inside."""
+    v = np.asarray(value)
+    if not len(v):
+        return None
+    per_row = lambda mask: mask.reshape(len(v), -1).any(1)  # noqa: E731
     if isinstance(space, spaces.Box):
-        v = np.asarray(value)
-        if v.dtype.kind == "f" and np.isnan(v).any():
-            return "NaN"
+        if v.dtype.kind == "f":
+            nan = per_row(np.isnan(v))
+            if nan.any():
+                return int(np.argmax(nan)), "NaN", nan
         with np.errstate(invalid="ignore"):
-            low_bad, high_bad = v < space.low, v > space.high
-        if low_bad.any() or high_bad.any():
-            bad = v[low_bad | high_bad]
-            return f"{bad.size} values outside [{space.low.min()}, {space.high.max()}], e.g. {bad.reshape(-1)[0]}"
-        return ""
+            out = per_row((v < space.low) | (v > space.high))
+        if out.any():
+            return int(np.argmax(out)), f"outside the Box bounds [{space.low.min()}, {space.high.max()}]", out
+        return None
     if isinstance(space, spaces.Discrete):
-        v = np.asarray(value)
-        bad = (v < space.start) | (v >= space.start + space.n)
-        return f"{int(bad.sum())} values outside [{space.start}, {space.start + space.n})" if bad.any() else ""
+        out = per_row((v < space.start) | (v >= space.start + space.n))
+        return (int(np.argmax(out)), f"outside [{space.start}, {space.start + space.n})", out) if out.any() else None
     if isinstance(space, spaces.MultiDiscrete):
-        v = np.asarray(value)
-        bad = (v < space.start) | (v >= space.start + space.nvec)
-        return f"{int(bad.sum())} values outside their nvec" if bad.any() else ""
-    return ""
-
-
-def _check_outputs(vecenv: Any, logits: torch.Tensor, values: torch.Tensor, report: Report) -> None:
-    n = vecenv.num_agents
-    ok = logits.shape[0] == n and values.shape == (n,)
-    report.add("policy output shapes", "ok" if ok else "fail", f"logits {tuple(logits.shape)}, values {tuple(values.shape)}")
-    finite = bool(torch.isfinite(values).all()) and not bool(torch.isnan(logits).any())
-    report.add("policy outputs finite", "ok" if finite else "fail", "logits not NaN, values finite")
+        out = per_row((v < space.start) | (v >= space.start + space.nvec))
+        return (int(np.argmax(out)), f"outside start + [0, nvec {space.nvec.tolist()})", out) if out.any() else None
+    if isinstance(space, spaces.MultiBinary):
+        out = per_row((v != 0) & (v != 1))
+        return (int(np.argmax(out)), "not 0 or 1", out) if out.any() else None
+    return None
 
 
 def _check_step(rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndarray, step: int, problems: dict) -> None:
     if not np.isfinite(rewards).all():
         rows = np.flatnonzero(~np.isfinite(rewards))
-        problems.setdefault("rewards finite", []).append(f"step {step}, rows {rows[:5].tolist()}: {rewards[rows[:5]]}")
+        problems["rewards finite"].append(f"step {step}, env rows {rows[:5].tolist()}: {rewards[rows[:5]]}")
     if terminals.dtype != np.bool_ or truncations.dtype != np.bool_:
-        problems.setdefault("episode flags", []).append(f"step {step}: dtypes {terminals.dtype}, {truncations.dtype}")
+        problems["episode flags"].append(f"step {step}: dtypes {terminals.dtype}, {truncations.dtype}")
 
 
-def _check_gradients(policy: torch.nn.Module, obs: np.ndarray, device: str, report: Report) -> None:
-    """One loss touching every head: log-prob, entropy and value. Parameters without a gradient are
-    reported (they never learn), as are non-finite gradients."""
-    policy.zero_grad(set_to_none=True)
-    x = torch.as_tensor(obs).to(device)
-    logits, values, _ = policy.forward(x[:, None], policy.initial_state(x.shape[0], device))
+# ---------------------------------------------------------------- policy side
+
+
+def _check_outputs(vecenv: Any, policy: Any, logits: torch.Tensor, values: torch.Tensor, report: Report) -> bool:
+    """Logits as wide as the env's action layout asks (not what the policy's own head says), one value per row."""
+    from packrl.models.distributions import ActionSpec
+
+    n = vecenv.num_agents
+    width = ActionSpec(vecenv.emulated.action).logits_size
+    problems = []
+    if tuple(logits.shape) != (n, width):
+        problems.append(f"logits {tuple(logits.shape)}, the action layout needs ({n}, {width})")
+    if tuple(values.shape) != (n,):
+        problems.append(f"values {tuple(values.shape)}, expected ({n},)")
+    report.add("policy output shapes", "fail" if problems else "ok",
+               "; ".join(problems) or f"logits {tuple(logits.shape)}, values {tuple(values.shape)}")
+    return not problems
+
+
+def _check_finite_outputs(logits: torch.Tensor, values: torch.Tensor, clean: np.ndarray, step: int,
+                          problems: dict) -> None:
+    bad = torch.isnan(logits).reshape(len(logits), -1).any(1) | ~torch.isfinite(values)
+    bad &= torch.from_numpy(clean).to(bad.device)
+    if bad.any():
+        row = int(torch.nonzero(bad)[0])
+        problems["policy outputs finite"].append(f"step {step}, env row {row}: logits "
+                                                 f"{logits[row].tolist()[:6]}, value {float(values[row])}")
+
+
+def _sequence(history: list, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(rows (B, T, nbytes), done (B, T), acting (B, T)) of the steps the policy saw; tainted row-steps (an
+    observation outside its space) hold a clean row's bytes and do not act. None when none is clean."""
+    x = torch.stack([torch.as_tensor(o) for o, _, _, _ in history], 1).to(device)
+    done = torch.stack([d for _, d, _, _ in history], 1).to(device)
+    acting = torch.stack([torch.from_numpy(m) for _, _, m, _ in history], 1).to(device)
+    tainted = torch.stack([torch.from_numpy(t) for _, _, _, t in history], 1).to(device)
+    if tainted.all():
+        return None
+    if tainted.any():
+        b, t = torch.nonzero(~tainted)[0].tolist()
+        x = x.clone()
+        x[tainted] = x[b, t].clone()
+    return x, done, acting
+
+
+SKIP_TAINTED = "every row-step seen had an observation outside its space"
+
+
+def _check_recurrent_reset(policy: Any, history: list, device: str, report: Report) -> None:
+    """A row whose episode starts must act as from the initial state, whatever state it carried."""
+    check = "recurrent state reset at episode starts"
+    seq = _sequence(history[-1:], device) or _sequence(history, device)
+    if seq is None:
+        report.add(check, "skip", SKIP_TAINTED)
+        return
+    x = seq[0][:, -1]
+    n = x.shape[0]
+    fresh = policy.initial_state(n, device)
+    if not fresh:
+        report.add(check, "skip", "the network keeps no state (feedforward)")
+        return
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    carried = tuple(torch.randn(s.shape, generator=generator).to(s) for s in fresh)
+    starts = torch.ones(n, dtype=torch.bool, device=device)
+    with torch.no_grad():
+        for name, run in (("forward_eval", lambda s, d: policy.forward_eval(x, s, d)),
+                          ("forward", lambda s, d: policy.forward(x[:, None], s, None if d is None else d[:, None]))):
+            logits_a, values_a, _ = run(carried, starts)
+            logits_b, values_b, _ = run(fresh, None)
+            gap = max(_gap(logits_a, logits_b), _gap(values_a, values_b))
+            if gap > TOLERANCE:
+                report.add(check, "fail", f"{name}: rows whose episode starts (done=True) still use the state they "
+                                          f"carried: outputs differ from a fresh state by {gap:.3g}")
+                return
+    report.add(check, "ok", "forward_eval and forward start from the initial state where done")
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), torch.isfinite(b)):
+        return float("inf")
+    return float((a[finite] - b[finite]).abs().max()) if finite.any() else 0.0
+
+
+def _loss(policy: Any, x: torch.Tensor, done: torch.Tensor, acting: torch.Tensor, action: Any = None
+          ) -> tuple[torch.Tensor, Any]:
+    """A PPO-shaped loss over the acting rows only (masked mean): log-probability, entropy and value."""
+    logits, values, _ = policy.forward(x, policy.initial_state(x.shape[0], x.device), done)
     dist = policy.decoder.distribution(logits.float())
-    action = dist.sample()
-    loss = -(dist.log_prob(action)).mean() - dist.entropy().mean() + (values.float() ** 2).mean()
-    loss.backward()
-    missing = [name for name, p in policy.named_parameters() if p.requires_grad and p.grad is None]
-    bad = [name for name, p in policy.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    report.add("gradients reach every parameter", "warn" if missing else "ok",
-               f"no gradient: {missing[:4]}" if missing else f"{sum(1 for _ in policy.parameters())} tensors")
-    report.add("gradients finite", "fail" if bad else "ok", f"non-finite: {bad[:4]}" if bad else "")
+    if action is None:
+        action = dist.sample()
+    per_row = -dist.log_prob(action) - dist.entropy() + values.float() ** 2
+    weight = acting.float()
+    return (per_row * weight).sum() / weight.sum().clamp(min=1), action
+
+
+def _check_padding(policy: Any, history: list, device: str, report: Report) -> None:
+    """Changing the padded rows (masked: dead, absent or waiting agents) must not change the loss. Without
+    masked rows, the last row stands in for one. One step only: a masked row's observation may rightly
+    shape its own recurrent state for the turns it acts later."""
+    check = "padded rows kept out of the loss"
+    seq = _sequence(history[-1:], device) or _sequence(history, device)
+    if seq is None:
+        report.add(check, "skip", SKIP_TAINTED)
+        return
+    x, done, acting = (part[:, -1:] for part in seq)
+    padded = ~acting
+    stand_in = ""
+    if not padded.any():
+        if x.shape[0] < 2:
+            report.add(check, "skip", "one row and no masked rows: no row to pad")
+            return
+        acting = acting.clone()
+        acting[-1] = False
+        padded = ~acting
+        stand_in = " (no masked rows: the last row stood in for one)"
+    if not acting.any():
+        report.add(check, "skip", "no acting rows in the steps seen")
+        return
+    source = torch.nonzero(acting)[0]
+    changed = x.clone()
+    changed[padded] = x[source[0], source[1]]  # valid rows of the env, unlike random bytes
+    if torch.equal(changed, x):
+        changed[padded] = x[padded].flip(0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        before, action = _loss(policy, x, done, acting)
+        after, _ = _loss(policy, changed, done, acting, action)
+    gap = float((before - after).abs())
+    if not gap <= TOLERANCE * (1 + float(before.abs())):
+        report.add(check, "fail", f"changing only the padded rows changed the loss of the acting rows by {gap:.3g}"
+                                  f"{stand_in}: they leak in (a statistic over the batch, such as batch norm?)")
+    else:
+        report.add(check, "ok", f"{int(padded.sum())} padded row-steps{stand_in}")
+
+
+def _check_gradients(policy: Any, history: list, device: str, report: Report) -> None:
+    """One loss over the steps seen (several, so recurrent weights get a gradient too): every trainable
+    parameter must get a gradient that is not exactly zero, and every gradient must be finite."""
+    seq = _sequence(history, device)
+    if seq is None:
+        for check in ("every parameter influences the loss", "gradients finite"):
+            report.add(check, "skip", SKIP_TAINTED)
+        return
+    x, done, acting = seq
+    if not acting.any():
+        acting = torch.ones_like(acting)
     policy.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    loss, _ = _loss(policy, x, done, acting)
+    loss.backward()
+    params = [(name, p) for name, p in policy.named_parameters() if p.requires_grad]
+    detached = [name for name, p in params if p.grad is None]
+    zero = [name for name, p in params if p.grad is not None and not bool(p.grad.any())]
+    bad = [name for name, p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
+    faults = ([f"no gradient (detached or unused): {', '.join(detached[:4])}" + _more(detached)] if detached else []) + \
+             ([f"gradient exactly zero (multiplied by zero, or fed only zeros): {', '.join(zero[:4])}" + _more(zero)]
+              if zero else [])
+    report.add("every parameter influences the loss", "fail" if faults else "ok",
+               "; ".join(faults) or f"{len(params)} tensors, {x.shape[1]} steps x {x.shape[0]} rows")
+    report.add("gradients finite", "fail" if bad else "ok", f"non-finite: {', '.join(bad[:4])}{_more(bad)}" if bad else "")
+    policy.zero_grad(set_to_none=True)
+
+
+def _more(names: list) -> str:
+    return f" (+{len(names) - 4} more)" if len(names) > 4 else ""
+
+
+def _describe(err: Exception) -> str:
+    return f"{type(err).__name__}: {_last_line(str(err))}"
 
 
 def print_report(report: Report, title: str = "packrl check") -> None:
+    """The report as a table; every value is escaped, so text such as ``[nan nan]`` prints as it is."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     table.add_column("check")
     table.add_column("result")
     table.add_column("detail", overflow="fold")
-    style = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+    style = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]",
+             "skip": "[dim]skipped[/dim]"}
     for check, status, detail in report.rows:
-        table.add_row(check, style[status], detail)
+        table.add_row(escape(check), style[status], escape(detail))
     Console().print(table)
+    failed = report.failures()
+    if failed:
+        Console().print(f"[red]{len(failed)} check(s) failed[/red]: " + escape(", ".join(c for c, _, _ in failed)))

@@ -1,11 +1,24 @@
-"""``packrl check ENV``: shape, dtype, range, NaN and gradient checks of ENV with its policy, as one report."""
+"""``packrl check ENV``: shape, dtype, range, NaN and gradient checks of ENV with its policy, as one report.
+
+Exit status 0 when no check failed, 1 when one did (skipped checks are listed with their reason), 2 for a
+bad flag or env id."""
 from __future__ import annotations
 
 import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--steps", type=_positive, default=64, help="env steps to check (default 64)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace, config: dict) -> int:
