@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, config: dict) -> int:
 
     from packrl.train.session import EXIT_BAD_INPUT, RunOptions, train_run
 
-    given = {dest[4:] for dest, value in vars(args).items() if dest.startswith("cfg:") and value is not None}
+    given = _given_settings(args)
     options = RunOptions(
         out=args.out, name=args.name, runs_dir=args.runs_dir, overwrite=args.overwrite, resume=args.resume,
         env_given=getattr(args, "env", None) is not None, total_steps_given="train.total_steps" in given,
@@ -63,6 +63,19 @@ def run(args: argparse.Namespace, config: dict) -> int:
 
 RESUME_CHANGEABLE = {"train.total_steps", "train.device"}
 """The settings a resumed run may change (every other one is the recorded run's)."""
+
+
+def _given_settings(args: argparse.Namespace) -> set[str]:
+    """The settings (``section.key``) given on the command line, by their own flag or a shortcut."""
+    from packrl.cli import SHORTCUTS
+
+    given = set()
+    for dest, value in vars(args).items():
+        if value is not None and dest.startswith("cfg:"):
+            given.add(dest[4:])
+        elif value is not None and dest.startswith("short:"):
+            given.add(SHORTCUTS.get(dest[6:], dest[6:]))
+    return given
 
 
 def train_command(config: dict, out: str | Path | None = None, live: bool = True, tensorboard: str | None = None,
