@@ -89,15 +89,18 @@ def test_tensorboard_logs_when_asked(tmp_path):
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "packrl.cli", "train", "CartPole-v1", "--num-envs", "2", "--total-steps", "100000000",
-           "--no-live", "--out", str(out), "--train.num_steps", "16"]
+           "--no-live", "--log-seconds", "0.5", "--out", str(out), "--train.num_steps", "16"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    first = proc.stdout.readline()  # a progress line: training is under way (bounded by iterations, not time)
-    assert "steps/s" in first, first + proc.stderr.read()
+    seen = ""
+    while "steps/s" not in seen:  # a progress line: training is under way
+        line = proc.stdout.readline()
+        assert line, seen + proc.stderr.read()
+        seen += line
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted" in stdout
     state, meta, optimizer = load_checkpoint(out / "checkpoint")
-    assert meta["global_step"] >= 16 * 2 * 10 and optimizer is not None
+    assert meta["global_step"] > 0 and optimizer is not None
