@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
@@ -47,6 +48,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from rich.markup import escape
     from rich.table import Table
 
+    from packrl.errors import EnvError
     from packrl.train.evaluate import EvaluationError, evaluate
     from packrl.train.run import load_policy
 
@@ -61,8 +63,9 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
         for name, deterministic in MODES.items():
             results[name] = evaluate(policy, vecenv, deterministic=deterministic, seed=seed, device=device,
                                      episodes=episodes)
-    except EvaluationError as err:
-        console.print(f"[red]packrl eval: {escape(str(err))}[/red]")
+    except (EvaluationError, EnvError) as err:  # the env or its episodes, not the command line: exit 1
+        last = [line for line in str(err).strip().splitlines() if line.strip()][-1].strip()
+        print(f"packrl eval: {last}", file=sys.stderr)
         return 1
     finally:
         vecenv.close()
@@ -70,9 +73,9 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
                                f"trained {_steps(metadata.get('global_step'))} steps"))
     for column in ("mode", "mean return", "std", "min", "max", "episodes"):
         table.add_column(column, justify="left" if column == "mode" else "right")
+    table.caption = "sampled: actions drawn from the policy, as in training; greedy: its most likely action"
     for name, returns in results.items():
-        label = {"sampled": "sampled (as trained)", "greedy": "greedy (mode)"}[name]
-        label += " (default)" if name == mode else ""
+        label = name + (" (default)" if name == mode else "")
         table.add_row(label, f"{returns.mean():.3f}", f"{returns.std():.3f}", f"{returns.min():.3f}",
                       f"{returns.max():.3f}", str(len(returns)))
     console.print(table)
