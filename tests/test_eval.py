@@ -154,6 +154,14 @@ def test_bad_flags_are_one_line_and_exit_2(checkpoint, capsys, flags, needle):
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
 
 
+def test_a_device_that_is_not_there_is_one_line(checkpoint, capsys):
+    assert main(["eval", str(checkpoint), "--device", "tpu9"]) == 2
+    assert "--device 'tpu9'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["eval", str(checkpoint), "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+
+
 def test_a_missing_checkpoint_and_an_unknown_env_are_one_line(checkpoint, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "metadata.json" in capsys.readouterr().err

@@ -53,6 +53,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from packrl.train.run import load_policy
 
     console = Console()
+    _check_device(device)
     num_envs = num_envs or min(episodes, 8)
     policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,
@@ -109,6 +110,19 @@ def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str,
         vecenv.close()
     iio.imwrite(out, frames, duration=50, loop=0)
     return Path(out)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    from packrl.train.run import ConfigError
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device!r}: this machine has no CUDA device")
 
 
 def _steps(value: object) -> str:
