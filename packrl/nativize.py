@@ -33,7 +33,14 @@ def nativize(x: Any, layout: Layout) -> Any:
         raise NativizeError(f"nativize takes a numpy array or a torch tensor, got {type(x).__name__}")
     _check(x.dtype == torch.uint8, x.dtype, tuple(x.shape), layout)
     batch = tuple(x.shape[:-1])
-    views = [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
+    try:
+        views = [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
+    except RuntimeError as err:  # torch views a dtype only at an offset aligned to it (numpy reads any offset)
+        raise NativizeError(
+            f"nativize cannot view these rows as the layout's leaves: torch needs every row to start at a byte "
+            f"offset that is a multiple of {layout.alignment} (the layout's widest alignment), got storage offset "
+            f"{x.storage_offset()} and strides {tuple(x.stride())} ({err}); pass an aligned tensor, e.g. "
+            "x.contiguous() of rows cut from a wider buffer, or x.clone()") from None
     return layout.unflatten(views)
 
 

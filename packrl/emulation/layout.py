@@ -7,6 +7,7 @@ views with each leaf's exact dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -199,6 +200,7 @@ class Layout:
         if out is None:
             return self._pack_rows(samples, np.zeros((n, self.nbytes), dtype=np.uint8), n)
         self._check_buffer(out, batch_ndim=1)
+        _check_writable(out, "pack_batch: out")
         if out.shape[0] != n:
             raise EmulationError(f"pack_batch: out has {out.shape[0]} rows for {n} samples")
         out[...] = self._pack_rows(samples, np.empty((n, self.nbytes), dtype=np.uint8), n)
@@ -212,6 +214,7 @@ class Layout:
         if rows.shape != (n, self.nbytes) or rows.dtype != np.uint8:
             raise EmulationError(f"pack_rows: rows of shape {rows.shape} and dtype {rows.dtype} for {n} samples "
                                  f"of {self.nbytes} bytes (expected ({n}, {self.nbytes}) uint8)")
+        _check_writable(rows, "pack_rows: rows")
         return self._pack_rows(samples, rows, n)
 
     def _pack_rows(self, samples: Any, rows: np.ndarray, n: int) -> np.ndarray:
@@ -406,18 +409,26 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
+        """The layout a ``to_dict()`` document describes; EmulationError for any document that is
+        not one (malformed, or a tree whose offsets do not match its leaves)."""
+        if not isinstance(data, dict) or not isinstance(data.get("tree"), dict):
+            raise EmulationError(f"layout JSON must be an object with a 'tree' object, got {_short(data)}")
         codecs: list = []
-        root = _tree_from_dict(data["tree"], (), codecs)
-        space = _space_of(root)
-        leaves, nbytes = _place_leaves(codecs)
-        layout = cls(space, root, leaves, nbytes)
-        if layout.to_dict() != data:
+        with _malformed("layout JSON"):
+            root = _tree_from_dict(data["tree"], (), codecs)
+            space = _space_of(root)
+            leaves, nbytes = _place_leaves(codecs)
+            layout = cls(space, root, leaves, nbytes)
+            same = layout.to_dict() == data
+        if not same:
             raise EmulationError("layout JSON is inconsistent: its offsets do not match its tree")
         return layout
 
     @classmethod
     def from_json(cls, text: str) -> "Layout":
-        return cls.from_dict(json.loads(text))
+        with _malformed("layout JSON"):
+            data = json.loads(text)
+        return cls.from_dict(data)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -464,7 +475,8 @@ class BoundRows:
                                                for c in root.children)
         self.copy_tree = self.tree.copy if plain else None
         # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
-        self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous else None
+        self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable \
+            else None
         self._fast: Any = None
         root = layout.root
         if _one_field(root):
@@ -488,6 +500,7 @@ class BoundRows:
 
     def pack_slow(self, sample: Any) -> None:
         """The checked Python path, padding included (the compiled pack zeroes it too)."""
+        _check_writable(self.rows, "pack: out")
         self.pack_checked(sample)
         for start, end in self.layout.gaps:
             self.rows[..., start:end] = 0
@@ -508,6 +521,11 @@ class BoundRows:
         checked = [(view, codec.check(sample[key], path, batch)[0]) for key, codec, view, path in self._items]
         for view, arr in checked:
             view[...] = arr
+
+
+def _check_writable(buf: np.ndarray, what: str) -> None:
+    if not buf.flags.writeable:
+        raise EmulationError(f"{what} is a read-only array: packing writes into it (pass a writable copy)")
 
 
 def _one_field(node: Node) -> bool:
@@ -532,30 +550,46 @@ STACK_INTO_ROWS_BYTES = 1024
 
 
 def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
-    """One leaf of many samples as one array (object array for strings); names the odd sample out."""
+    """One leaf of many samples as one array (object array for strings). Where the column does not
+    read as one regular numeric array, each sample is checked as ``pack`` checks it, so
+    ``pack_batch`` accepts and refuses exactly the samples ``pack`` does, and names the sample."""
     if codec.kind in ("text", "bounded_string"):
         arr = np.empty(len(column), dtype=object)
         arr[:] = column
         return arr
     if not column:
         return np.zeros((0,) + codec.fields[0].shape, codec.fields[0].dtype)
+    field = codec.fields[0]
+    arrays = [type(v) is np.ndarray for v in column]
+    if codec.stores_input and any(arrays):
+        for i, v in enumerate(column):  # shapes first: np.array of a huge stride-0 view would copy all of it
+            if arrays[i] and v.shape != field.shape:
+                raise EmulationError(f"sample {i}: leaf {format_path(path)}: shape {v.shape} does not match the "
+                                     f"space's {field.shape}")
     try:
         arr = np.array(column)
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         arr = None
-    field = codec.fields[0]
-    if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1:
+    if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1 \
+            and not any([a and v.dtype == object for a, v in zip(arrays, column)]):  # pack refuses object arrays
         # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
         exact = python_ints(column, field.dtype, (len(column), *field.shape), path)
         if exact is not None:
             return exact
-    if arr is not None and arr.dtype != object and arr.shape[1:] == np.shape(column[0]):
+    if arr is not None and arr.dtype != object:
         return arr
-    shapes = [np.shape(v) for v in column]
-    bad = next((i for i, s in enumerate(shapes) if s != shapes[0]), None)
-    if bad is not None:
-        raise EmulationError(f"sample {bad}: leaf {format_path(path)} has shape {shapes[bad]}, sample 0 has {shapes[0]}")
-    return arr
+    return _checked_one_by_one(codec, column, path)
+
+
+def _checked_one_by_one(codec: LeafCodec, column: list, path: tuple) -> np.ndarray:
+    """The column checked sample by sample (as ``pack`` checks one), stacked."""
+    checked = []
+    for i, value in enumerate(column):
+        try:
+            checked.append(codec.check(value, path)[0])
+        except EmulationError as err:
+            raise EmulationError(f"sample {i}: {err}") from None
+    return np.stack(checked)
 
 
 def _unflatten_function(root: Node) -> Any:
@@ -653,17 +687,56 @@ def _tree_to_dict(node: Node, path: tuple = ()) -> dict:
     return {"tuple": [_tree_to_dict(c, path + (i,)) for i, c in enumerate(node.children)]}
 
 
+MAX_JSON_LEAF_ELEMENTS = 2**24
+"""Most elements one leaf of a layout read from JSON may have: its bounds are built as arrays, and a
+document must not be able to ask for gigabytes."""
+
+
+@contextlib.contextmanager
+def _malformed(what: str, path: tuple | None = None) -> Iterator[None]:
+    """Turn the errors a malformed document raises on its way through json, NumPy and gymnasium
+    into EmulationError naming ``what`` (and the tree path)."""
+    try:
+        yield
+    except EmulationError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, OverflowError, AssertionError,
+            RecursionError, MemoryError) as err:
+        where = "" if path is None else f" at {format_path(path)}"
+        raise EmulationError(f"{what}{where} is malformed: {type(err).__name__}: {_short(err)}") from None
+
+
+def _short(value: Any) -> str:
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _tree_from_dict(obj: dict, path: tuple, codecs: list) -> Node:
+    if not isinstance(obj, dict) or len(obj) != 1 or next(iter(obj)) not in ("leaf", "dict", "tuple"):
+        raise EmulationError(f"layout JSON at {format_path(path)}: a tree node is an object with one key, "
+                             f"'leaf', 'dict' or 'tuple'; got {_short(obj)}")
     if "leaf" in obj:
         spec = obj["leaf"]
+        if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+            raise EmulationError(f"layout JSON at {format_path(path)}: a leaf is an object with a string 'kind', "
+                                 f"got {_short(spec)}")
         cls = LeafCodec.kinds.get(spec["kind"])
         if cls is None:
             raise EmulationError(f"leaf {format_path(path)}: unknown codec kind {spec['kind']!r} (import the module that defines it)")
-        codec = cls.from_spec(spec)
+        shape = spec.get("shape", [])
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) \
+                or math.prod(shape) > MAX_JSON_LEAF_ELEMENTS:
+            raise EmulationError(f"layout JSON at {format_path(path)}: shape {_short(shape)} must be a list of "
+                                 f"non-negative ints with at most {MAX_JSON_LEAF_ELEMENTS} elements in all")
+        with _malformed("layout JSON", path):
+            codec = cls.from_spec(spec)
         first = sum(len(c.fields) for _, c in codecs)
         codecs.append((path, codec))
         return LeafNode(codec, tuple(range(first, first + len(codec.fields))))
     if "dict" in obj:
-        keys = tuple(_decode_key(k) for k, _ in obj["dict"])
+        with _malformed("layout JSON", path):
+            keys = tuple(_decode_key(k) for k, _ in obj["dict"])
         return DictNode(keys, tuple(_tree_from_dict(c, path + (k,), codecs) for k, (_, c) in zip(keys, obj["dict"])))
+    if not isinstance(obj["tuple"], list):
+        raise EmulationError(f"layout JSON at {format_path(path)}: 'tuple' must be a list, got {_short(obj['tuple'])}")
     return TupleNode(tuple(_tree_from_dict(c, path + (i,), codecs) for i, c in enumerate(obj["tuple"])))
