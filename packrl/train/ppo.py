@@ -509,7 +509,7 @@ class PPO:
 
     def train(self, total_steps: int, callback: Callable[[dict], Any] | None = None) -> list[dict]:
         """Iterate until the run has taken ``total_steps`` agent steps (acting rows, all ranks), counting
-        the steps of a restored state (``load_state``): a resumed run continues, it does not start over.
+        the steps of a restored state (``load_training_state``): a resumed run continues, it does not start over.
         The learning rate anneals linearly with the steps taken. ``callback(stats)`` after each iteration;
         returning a false value other than None (``False``, ``np.False_``, 0) stops early; returning
         nothing goes on. Returns the per-iteration stats."""
@@ -536,7 +536,7 @@ class PPO:
 
     # ------------------------------------------------------------------ resuming
 
-    def state(self) -> dict:
+    def training_state(self) -> dict:
         """What a resumed run needs besides the weights and the optimizer: counters and every RNG state,
         as JSON-able data (the RNG states as base64 strings)."""
         np_state = np.random.get_state()
@@ -549,8 +549,8 @@ class PPO:
                     "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]},
         }
 
-    def load_state(self, state: dict, policy_state: dict, optimizer_state: dict | None) -> None:
-        """Continue from ``state()`` and the saved weights and optimizer: counters, RNG states, and envs
+    def load_training_state(self, state: dict, policy_state: dict, optimizer_state: dict | None) -> None:
+        """Continue from ``training_state()`` and the saved weights and optimizer: counters, RNG states, and envs
         reset with the seeds of the iteration the state was taken at (``reset_envs``)."""
         self.policy.load_state_dict(policy_state)
         if optimizer_state is not None:
