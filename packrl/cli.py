@@ -1,93 +1,209 @@
-"""The ``packrl`` command: ``packrl train ENV``, ``packrl eval CHECKPOINT``, ``packrl check ENV``.
+"""The ``packrl`` command: ``packrl train ENV``, ``packrl eval CHECKPOINT``, ``packrl inspect CHECKPOINT``,
+``packrl check ENV``, ``packrl configs``.
 
-Settings come from DEFAULTS, then ``--config FILE`` (TOML or INI, sections env/vec/policy/train), then
-flags: the shortcuts below, or any ``--section.key VALUE`` (``--train.learning_rate 1e-3``).
+Settings come from the defaults, then the env family's preset (``packrl configs`` lists them), then
+``--config FILE`` (TOML; sections env/vec/policy/train), then flags: one typed flag per config field
+(``--train.learning_rate 1e-3`` or ``--train.learning_rate=1e-3``) and the shortcuts ``--total-steps``,
+``--seed``, ``--device``, ``--num-envs``, ``--backend``, ``--num-workers``, ``--network``, ``--hidden``.
+A bad value, flag or file is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 
 import packrl.commands.check
+import packrl.commands.configs
 import packrl.commands.evaluate
 import packrl.commands.inspect
 import packrl.commands.train
-from packrl import commands
+from packrl import __version__, commands
 from packrl.errors import PackrlError
 
-SHORTCUTS = {  # flag -> (section, key)
-    "total_steps": ("train", "total_steps"), "seed": ("train", "seed"), "device": ("train", "device"),
-    "num_envs": ("vec", "num_envs"), "backend": ("vec", "backend"), "num_workers": ("vec", "num_workers"),
-    "network": ("policy", "network"), "hidden": ("policy", "hidden"),
+SHORTCUTS = {  # flag -> the setting it sets
+    "total_steps": "train.total_steps", "seed": "train.seed", "device": "train.device",
+    "num_envs": "vec.num_envs", "backend": "vec.backend", "num_workers": "vec.num_workers",
+    "network": "policy.network", "hidden": "policy.hidden",
 }
+CONFIG_COMMANDS = ("train", "check")
+SECTION_TITLES = {
+    "env": "env settings ([env] in a config file)", "vec": "vector settings ([vec])",
+    "policy": "policy settings ([policy])", "train": "training settings ([train]: total_steps and PPOConfig)",
+}
+_NUMBER = re.compile(r"-(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf|-nan")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="packrl", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) and a close match for an unknown flag."""
 
-    train = sub.add_parser("train", help="train PPO on ENV (gymnasium id, pettingzoo.* path, packrl env, module:function)")
-    train.add_argument("env", nargs="?", help="env id (overrides env.id of the config)")
-    train.add_argument("--config", help="TOML or INI file with [env] [vec] [policy] [train] sections")
-    for flag in SHORTCUTS:
-        train.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=str)
+    known_flags: list[str] = []
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if unknown and unknown.group(1).startswith("--"):
+            flag = unknown.group(1).partition("=")[0]
+            close = difflib.get_close_matches(flag, Parser.known_flags, n=3, cutoff=0.6)
+            message = f"unknown flag {flag}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
+    from packrl import config as config_settings
+    from packrl import presets
+
+    parser = Parser(prog="packrl", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"packrl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    settings = config_settings.settings()
+    preset_lines = "\n".join(f"  {p.name:20} {', '.join(p.patterns)}" for p in presets.PRESETS)
+    epilog = (f"presets (chosen from the env id; `packrl configs` shows what each sets):\n{preset_lines}\n"
+              "precedence: defaults < preset < --config file < flags")
+
+    train = sub.add_parser("train", help="train PPO on ENV", description="Train PPO on ENV.", epilog=epilog,
+                           usage="packrl train [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    _add_config_arguments(train, settings)
     commands.train.add_arguments(train)
 
-    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on its env")
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on its env", allow_abbrev=False)
     commands.evaluate.add_arguments(evaluate)
     inspect = sub.add_parser("inspect", help="print a checkpoint's metadata and tensors without loading it (no torch)")
     commands.inspect.add_arguments(inspect)
 
-    check = sub.add_parser("check", help="shape, dtype, range, NaN and gradient checks of ENV with its policy")
-    check.add_argument("env", nargs="?")
-    check.add_argument("--config")
-    for flag in SHORTCUTS:
-        check.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=str)
+    check = sub.add_parser("check", help="shape, dtype, range, NaN and gradient checks of ENV with its policy",
+                           usage="packrl check [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
+                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    _add_config_arguments(check, settings)
     commands.check.add_arguments(check)
+
+    configs = sub.add_parser("configs", help="list the presets and what each sets; NAME prints one as TOML",
+                             allow_abbrev=False)
+    commands.configs.add_arguments(configs)
+
+    Parser.known_flags = sorted({o for p in sub.choices.values() for a in p._actions for o in a.option_strings
+                                 if o.startswith("--")})
     return parser
 
 
-def _config(args: argparse.Namespace, extra: list[str]) -> dict:
-    from packrl.train.run import ConfigError, load_config_file, merge_config, parse_value
+def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict) -> None:
+    """ENV, --config, --preset, the shortcuts and one flag per setting (dest ``cfg:section.key``, default None:
+    only the flags given reach the config)."""
+    parser.add_argument("env", nargs="?", help="env id: a packrl env (gridworld, cartpole), a gymnasium id "
+                        "(CartPole-v1), module:EnvId (minigrid:MiniGrid-Empty-5x5-v0), a MiniGrid-*/BabyAI-* id, "
+                        "a PettingZoo module path (pettingzoo.classic.connect_four_v3) or module:function "
+                        "(sets env.id)")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with [env] [vec] [policy] [train] sections")
+    parser.add_argument("--preset", default="auto", metavar="NAME",
+                        help="auto (by env id), none, or a preset name (default: auto; list: packrl configs)")
+    shortcuts = parser.add_argument_group("shortcuts")
+    for flag, key in SHORTCUTS.items():
+        s = settings[key]
+        shortcuts.add_argument(f"--{flag.replace('_', '-')}", dest=f"short:{flag}", metavar=_metavar(s),
+                               help=f"= {s.flag}")
+    groups = {section: parser.add_argument_group(title) for section, title in SECTION_TITLES.items()}
+    for s in settings.values():
+        groups[s.section].add_argument(
+            s.flag, dest=f"cfg:{s.key}", metavar=_metavar(s), **({"nargs": "?", "const": "true"} if s.base is bool else {}),
+            help=f"{s.help} ({_bounds(s)}default: {_default_text(s)})".replace("%", "%%"))
 
-    layers = [load_config_file(args.config)] if args.config else []
+
+def _metavar(s) -> str:
+    if s.choices:
+        return "{" + ",".join(s.choices) + "}"
+    if s.base is bool:
+        return "{true,false}"
+    return {int: "INT", float: "FLOAT", str: "TEXT"}.get(s.base, "TABLE")
+
+
+def _bounds(s) -> str:
+    """The range of a number (the type and choices are in the metavar)."""
+    text = str(s.range) if s.range is not None else ""
+    if s.optional:
+        text = f"{text} or none" if text else "or none"
+    return f"{text}; " if text else ""
+
+
+def _default_text(s) -> str:
+    if s.default is None:
+        return "none"
+    if isinstance(s.default, bool):
+        return str(s.default).lower()
+    return "{}" if s.default == {} else str(s.default)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """``--train.learning-rate`` -> ``--train.learning_rate``; ``--train.ent_coef -1e-3`` -> ``--train.ent_coef=-1e-3``
+    (argparse would read a negative number in exponent form as a flag)."""
+    out: list[str] = []
+    for token in argv:
+        if token == "--":
+            out.extend(argv[len(out):])
+            break
+        if token.startswith("--") and "." in token.partition("=")[0]:
+            name, eq, value = token.partition("=")
+            section, _, key = name.partition(".")
+            token = f"{section}.{key.replace('-', '_')}{eq}{value}"
+        if out and _NUMBER.fullmatch(token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+            continue
+        out.append(token)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[dict, object]:
+    """The checked config of a train/check command line and the preset it used: defaults < preset < file < flags."""
+    from packrl import config as config_settings
+    from packrl.train.run import load_config_file
+
+    settings = config_settings.settings()
     flags: dict[str, dict] = {}
-    for flag, (section, key) in SHORTCUTS.items():
-        if getattr(args, flag, None) is not None:
-            flags.setdefault(section, {})[key] = parse_value(getattr(args, flag))
+    given = [(settings[SHORTCUTS[d[6:]]], f"--{d[6:].replace('_', '-')}", text) for d, text in vars(args).items()
+             if d.startswith("short:") and text is not None]
+    given += [(settings[d[4:]], None, text) for d, text in vars(args).items() if d.startswith("cfg:") and text is not None]
+    for setting, flag, text in given:  # a --section.key flag wins over its shortcut
+        flags.setdefault(setting.section, {})[setting.name] = setting.parse(text, flag=flag)
     if args.env:
         flags.setdefault("env", {})["id"] = args.env
-    it = iter(extra)
-    for token in it:
-        name, eq, value = token.partition("=")
-        if not name.startswith("--") or "." not in name:
-            raise ConfigError(f"unknown argument {token!r}; settings are written --section.key VALUE")
-        if not eq:
-            value = next(it, None)
-            if value is None:
-                raise ConfigError(f"{name} needs a value")
-        section, _, key = name[2:].partition(".")
-        flags.setdefault(section, {})[key.replace("-", "_")] = parse_value(value)
-    return merge_config(*layers, flags)
+    file_layer = load_config_file(args.config) if args.config else None
+    return config_settings.resolve(file_layer, config_settings.ConfigLayer(flags, "command line"), args.preset)
 
 
 def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     try:
         if args.command == "eval":
-            if extra:
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
             return commands.evaluate.run(args)
-        config = _config(args, extra)
+        if args.command == "configs":
+            return commands.configs.run(args)
+        config, preset = config_from_args(args)
         if args.command == "train":
+            from packrl.train.run import env_creator
+
+            env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])  # a bad id: no preset line
+            print(_preset_line(preset, config), flush=True)
             return commands.train.run(args, config)
         return commands.check.run(args, config)
     except PackrlError as err:
-        print(f"packrl {args.command}: {err}", file=sys.stderr)
+        print(f"packrl {args.command}: {' '.join(str(err).splitlines()) if _is_config(err) else err}",
+              file=sys.stderr)
         return 2
+
+
+def _is_config(err: Exception) -> bool:
+    from packrl.errors import UsageError
+
+    return isinstance(err, UsageError)
+
+
+def _preset_line(preset, config: dict) -> str:
+    if preset is None:
+        return f"preset: none for {config['env']['id']!r} (packrl's defaults; `packrl configs` lists the presets)"
+    return (f"preset: {preset.name} ({preset.summary}); flags and --config override it, --preset none turns it off")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,24 @@
+"""``packrl configs [NAME]``: the presets (settings per env family), which env ids choose each, what each sets
+and where its numbers come from; ``packrl configs NAME`` prints one as a TOML config file."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="print this preset as a TOML config file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrl import presets
+
+    if args.name:
+        print(presets.get(args.name).to_toml(), end="")
+        return 0
+    print("Presets, chosen from the env id (defaults < preset < --config file < flags; --preset NAME|none):")
+    for preset in presets.PRESETS:
+        print(f"\n{preset.name}: {preset.summary}")
+        print(f"  env ids: {', '.join(preset.patterns)}")
+        print(f"  sets:    {'  '.join(f'{key}={value}' for key, value in preset.items())}")
+        print(f"  source:  {preset.source}")
+    return 0

@@ -1,0 +1,191 @@
+"""What an env id names, and a creator for it.
+
+The forms, tried in this order:
+
+- a packrl Numba env name (``gridworld``, ``cartpole``);
+- ``module:EnvId``, gymnasium's own form: importing ``module`` registers ``EnvId``
+  (``minigrid:MiniGrid-Empty-5x5-v0``); else ``module:function``, a callable that returns an env, with the
+  current folder on ``sys.path`` (``my_envs:make``);
+- a PettingZoo module path (``pettingzoo.classic.connect_four_v3``, also ``mpe2.*`` and ``magent2.*``);
+- a registered gymnasium id, importing the package of a known third-party namespace first
+  (``MiniGrid-*`` and ``BabyAI-*``: minigrid), or saying which package to install.
+
+An id that is none of these gets the closest known ids ("did you mean").
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import pkgutil
+import sys
+from typing import Any, Callable
+
+from packrl.errors import ConfigError
+
+# id prefix -> (module that registers the ids, pip package)
+NAMESPACES: dict[str, tuple[str, str]] = {
+    "MiniGrid-": ("minigrid", "minigrid"),
+    "BabyAI-": ("minigrid", "minigrid"),
+    "ALE/": ("ale_py", "ale-py"),
+    "MiniHack-": ("minihack", "minihack"),
+    "NetHack": ("nle", "nle"),
+}
+PETTINGZOO_PACKAGES = ("pettingzoo", "mpe2", "magent2")
+ID_FORMS = ("a packrl env, a registered gymnasium id, module:EnvId, a pettingzoo.* module path "
+            "or module:function")
+
+
+class GymnasiumCreator:
+    """``gymnasium.make(env_id, **kwargs)``, importing ``module`` first (the one that registers the id), so
+    that a worker process that starts fresh finds the id too. Picklable."""
+
+    def __init__(self, env_id: str, kwargs: dict, module: str | None = None):
+        self.env_id, self.kwargs, self.module = env_id, kwargs, module
+
+    def __call__(self) -> Any:
+        import gymnasium
+
+        if self.module:
+            importlib.import_module(self.module)
+        return gymnasium.make(self.env_id, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"GymnasiumCreator({self.env_id!r}, {self.kwargs!r}, module={self.module!r})"
+
+
+def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
+                allow_code: bool = True) -> tuple[Callable[[], Any], str]:
+    """``(creator, default backend)`` for ``env_id`` (see the module docstring for the forms).
+
+    ``allow_code=False`` is for ids read from files (checkpoints): an id that would make packrl import a
+    module the id itself names (``module:function``, ``module:EnvId``) is refused with ConfigError. The
+    fixed packages packrl knows (minigrid for ``MiniGrid-*``; ``pettingzoo.*`` module paths) stay allowed."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise ConfigError(f"env id must be a non-empty string, got {env_id!r}")
+    kwargs = dict(kwargs or {})
+    from packrl import envs as packrl_envs
+
+    if env_id in packrl_envs.names():
+        if kwargs:
+            raise ConfigError(f"packrl env {env_id!r} takes no env.kwargs (got {sorted(kwargs)})")
+        return (lambda: env_id), "numba"
+    if ":" in env_id:
+        return _module_attribute(env_id, kwargs, allow_code)
+    if env_id.split(".")[0] in PETTINGZOO_PACKAGES and "." in env_id:
+        return _pettingzoo(env_id, kwargs, api)
+    return _gymnasium(env_id, kwargs)
+
+
+def _module_attribute(env_id: str, kwargs: dict, allow_code: bool) -> tuple[Callable[[], Any], str]:
+    """``module:EnvId`` when importing ``module`` registers ``EnvId`` with gymnasium, else ``module:function``."""
+    import gymnasium
+
+    module_name, _, attribute = env_id.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"env id {env_id!r}: write module:EnvId or module:function")
+    known = module_name in {module for module, _ in NAMESPACES.values()}
+    if not allow_code and not known:
+        raise ConfigError(f"env id {env_id!r} names code to import and call; an id read from a file is never "
+                          "executed: give the env on the command line (--env) or pass --trust-checkpoint")
+    module = _import(module_name, env_id, search_cwd=allow_code)
+    if attribute in gymnasium.registry:
+        return GymnasiumCreator(attribute, kwargs, module_name), "serial"
+    if not allow_code:
+        raise ConfigError(f"env id {env_id!r}: importing {module_name} registers no gymnasium id {attribute!r}"
+                          f"{_did_you_mean(attribute, _registered_ids())}")
+    function = getattr(module, attribute, None)
+    if function is None:
+        registered = [i for i, spec in gymnasium.registry.items() if str(spec.entry_point).startswith(module_name)]
+        candidates = registered + [n for n in dir(module) if not n.startswith("_")]
+        raise ConfigError(f"env id {env_id!r}: module {module_name} has no attribute {attribute!r} and registers "
+                          f"no gymnasium id {attribute!r}{_did_you_mean(attribute, candidates)}")
+    if not callable(function):
+        raise ConfigError(f"env id {env_id!r}: {module_name}.{attribute} is a {type(function).__name__}, not a "
+                          "function that returns an env, and not a registered gymnasium id")
+    return (lambda: function(**kwargs)), "serial"
+
+
+def _pettingzoo(env_id: str, kwargs: dict, api: str) -> tuple[Callable[[], Any], str]:
+    if not all(part.isidentifier() for part in env_id.split(".")):
+        raise ConfigError(f"env id {env_id!r} is not a module path (dotted names, like pettingzoo.classic.chess_v6)")
+    module = _import(env_id, env_id, search_cwd=False)
+    has_parallel, has_aec = hasattr(module, "parallel_env"), hasattr(module, "env")
+    if not (has_parallel or has_aec):
+        raise ConfigError(f"env id {env_id!r}: the module has neither env() nor parallel_env(), so it is not a "
+                          f"PettingZoo env module{_did_you_mean(env_id, _sibling_modules(env_id))}")
+    if api == "parallel" and not has_parallel or api == "aec" and not has_aec:
+        raise ConfigError(f"env id {env_id!r} has no {'parallel_env' if api == 'parallel' else 'env'}() for "
+                          f"env.api = {api!r}")
+    use_parallel = api == "parallel" or (api == "auto" and has_parallel)
+    factory = module.parallel_env if use_parallel else module.env
+    return (lambda: factory(**kwargs)), "serial"
+
+
+def _gymnasium(env_id: str, kwargs: dict) -> tuple[Callable[[], Any], str]:
+    import gymnasium
+
+    module = next((m for prefix, (m, _) in NAMESPACES.items() if env_id.startswith(prefix)), None)
+    if module is not None and env_id not in gymnasium.registry:
+        pip = next(p for m, p in NAMESPACES.values() if m == module)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"env {env_id!r} is registered by the {pip!r} package, which is not installed "
+                              f"({err}): pip install {pip}" + (" (or packrl[envs])" if pip == "minigrid" else "")
+                              ) from None
+    if env_id not in gymnasium.registry:
+        raise ConfigError(f"unknown env {env_id!r}{_did_you_mean(env_id, _registered_ids())}: not {ID_FORMS}")
+    return GymnasiumCreator(env_id, kwargs, module), "serial"
+
+
+def _import(module_name: str, env_id: str, search_cwd: bool) -> Any:
+    """Import ``module_name`` for ``env_id``; every failure is one ConfigError line that says what to do."""
+    if search_cwd and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `packrl train my_envs:make` finds ./my_envs.py like `python -m` would
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.split(".")[0] == err.name.split(".")[0] and module_name.startswith(err.name):
+            pip = next((p for m, p in NAMESPACES.values() if m == err.name.split(".")[0]), None)
+            if pip:
+                hint = f"pip install {pip}"
+            elif err.name.split(".")[0] in PETTINGZOO_PACKAGES and err.name != err.name.split(".")[0]:
+                hint = f"no such module{_did_you_mean(module_name, _sibling_modules(module_name))}"
+            else:
+                hint = ("no such module on sys.path" + (f" (the current folder {os.getcwd()} included)"
+                                                          if search_cwd else ""))
+            raise ConfigError(f"env id {env_id!r}: cannot import {module_name!r}: {hint}") from None
+        raise ConfigError(f"env id {env_id!r}: importing {module_name!r} failed: {err}") from None
+    except Exception as err:  # the module's own code failed: one line, its type and message
+        raise ConfigError(f"env id {env_id!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
+
+
+def _sibling_modules(module_name: str) -> list[str]:
+    """The other modules of ``module_name``'s package (for "did you mean"), or nothing when it does not import."""
+    parent = module_name.rpartition(".")[0]
+    try:
+        package = importlib.import_module(parent)
+    except Exception:
+        return []
+    return [f"{parent}.{m.name}" for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+
+
+def _registered_ids() -> list[str]:
+    """Gymnasium's registered ids, those of the known namespaces that are installed, and packrl's envs."""
+    import gymnasium
+
+    from packrl import envs as packrl_envs
+
+    for module in {"minigrid"}:  # cheap to import, and the namespace users mistype most
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    return list(gymnasium.registry) + packrl_envs.names()
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    lower = {c.lower(): c for c in candidates}
+    close = difflib.get_close_matches(word.lower(), list(lower), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(lower[c] for c in close)}?)" if close else ""

@@ -1,0 +1,136 @@
+"""Settings per env family, chosen from the env id: ``packrl train CartPole-v1`` trains with rl-zoo's tuned
+CartPole PPO, not with settings made for Atari.
+
+A preset sits between the defaults and the user's own settings:
+``defaults < preset < config file < flags``. ``packrl configs`` lists the presets and what each sets,
+``packrl configs NAME`` prints one as a TOML config file, ``packrl train ENV --preset none`` trains with the
+plain defaults, and ``--preset NAME`` picks one by hand. Each preset says where its numbers come from.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Settings (``{section: {key: value}}``) for the env ids that match one of ``patterns`` (fnmatch)."""
+
+    name: str
+    summary: str
+    source: str
+    patterns: tuple[str, ...]
+    settings: dict = field(default_factory=dict)
+
+    def matches(self, env_id: str) -> bool:
+        """Whether this preset is the one for ``env_id`` (``module:EnvId`` is matched by its EnvId)."""
+        name = env_id.rpartition(":")[2]
+        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(env_id, p) for p in self.patterns)
+
+    def items(self) -> list[tuple[str, object]]:
+        """``[("vec.num_envs", 8), ...]`` in section order."""
+        return [(f"{section}.{key}", value) for section, values in self.settings.items() for key, value in values.items()]
+
+    def to_toml(self) -> str:
+        """The preset as a config file (``packrl configs NAME > my.toml``)."""
+        lines = [f"# preset {self.name}: {self.summary}", f"# source: {self.source}"]
+        for section, values in self.settings.items():
+            lines.append(f"\n[{section}]")
+            lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
+        return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "gridworld",
+        "packrl's Numba gridworld: the settings of examples/train_demo.py, which reach the 0.8 pass mark",
+        "examples/train_demo.py (hand-picked; measured to learn, see tests/test_learning.py)",
+        ("gridworld",),
+        {"vec": {"backend": "numba", "num_envs": 32},
+         "policy": {"network": "mlp", "hidden": 64},
+         "train": {"num_steps": 32, "learning_rate": 2e-3, "ent_coef": 0.01, "update_epochs": 4,
+                   "num_minibatches": 4, "gamma": 0.95}},
+    ),
+    Preset(
+        "classic-control",
+        "CartPole (gymnasium CartPole-v0/v1 and packrl's Numba cartpole): rl-zoo's tuned PPO",
+        "rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1: n_envs 8, n_steps 32, batch_size 256 "
+        "(8 * 32 / 256 = 1 minibatch), gae_lambda 0.8, gamma 0.98, n_epochs 20, ent_coef 0.0, "
+        "learning_rate lin_1e-3 (annealed), clip_range lin_0.2 (packrl keeps 0.2 fixed), no value clipping "
+        "(SB3's clip_range_vf=None), SB3's 64-unit MlpPolicy",
+        ("CartPole-v0", "CartPole-v1", "cartpole"),
+        {"vec": {"num_envs": 8},
+         "policy": {"hidden": 64},
+         "train": {"num_steps": 32, "num_minibatches": 1, "gae_lambda": 0.8, "gamma": 0.98, "update_epochs": 20,
+                   "ent_coef": 0.0, "learning_rate": 1e-3, "anneal_lr": True, "clip_coef": 0.2,
+                   "clip_vloss": False}},
+    ),
+    Preset(
+        "minigrid",
+        "MiniGrid and BabyAI (image, direction and mission): rl-starter-files' PPO",
+        "rl-starter-files (torch-ac) PPO defaults: 16 processes, 128 frames per process, lr 1e-3 (constant), "
+        "4 epochs, batch 256 (16 * 128 / 256 = 8 minibatches), discount 0.99, gae_lambda 0.95, clip 0.2, "
+        "entropy 0.01, value loss 0.5, max grad norm 0.5",
+        ("MiniGrid-*", "BabyAI-*"),
+        {"vec": {"num_envs": 16},
+         "train": {"num_steps": 128, "learning_rate": 1e-3, "anneal_lr": False, "update_epochs": 4,
+                   "num_minibatches": 8, "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "ent_coef": 0.01,
+                   "vf_coef": 0.5, "max_grad_norm": 0.5}},
+    ),
+    Preset(
+        "pettingzoo-classic",
+        "PettingZoo classic two-player, turn-based, masked games (tictactoe, connect four, ...)",
+        "no published PPO setting: issue 21's measurement (tictactoe against a random opponent: learning rate "
+        "1e-3 won 0.785 after 800k steps where the defaults won 0.585 after 200k); provisional",
+        ("pettingzoo.classic.*",),
+        {"train": {"learning_rate": 1e-3}},
+    ),
+    Preset(
+        "parallel-multiagent",
+        "PettingZoo Parallel multi-agent envs (butterfly, sisl, mpe, mpe2, magent2): MAPPO's MPE settings",
+        "MAPPO (Yu et al. 2022, marlbenchmark/on-policy), train_mpe_spread.sh and config.py: lr 7e-4 (constant), "
+        "10 PPO epochs, 1 minibatch, episode length 25, entropy 0.01, clip 0.2, gamma 0.99, gae_lambda 0.95, "
+        "hidden 64. Not taken: its 128 rollout threads (num_envs stays 8), value normalization, Huber loss and "
+        "max_grad_norm 10, which packrl's value loss does not have",
+        ("pettingzoo.butterfly.*", "pettingzoo.sisl.*", "pettingzoo.mpe.*", "mpe2.*", "magent2.*"),
+        {"policy": {"hidden": 64},
+         "train": {"num_steps": 25, "learning_rate": 7e-4, "anneal_lr": False, "update_epochs": 10,
+                   "num_minibatches": 1, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99, "gae_lambda": 0.95}},
+    ),
+)
+
+
+def names() -> list[str]:
+    return [p.name for p in PRESETS]
+
+
+def get(name: str) -> Preset:
+    """The preset called ``name``; ConfigError (with the names) when there is none."""
+    from packrl.errors import ConfigError
+
+    for preset in PRESETS:
+        if preset.name == name:
+            return preset
+    raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(names())} (or auto, none)")
+
+
+def for_env(env_id: str) -> Preset | None:
+    """The preset of ``env_id``'s family, or None (plain defaults) for an env no preset knows."""
+    return next((p for p in PRESETS if p.matches(env_id)), None)
+
+
+def choose(choice: str, env_id: str) -> Preset | None:
+    """``--preset`` as given: ``auto`` (by env id), ``none``, or a preset name."""
+    if choice == "auto":
+        return for_env(env_id)
+    if choice == "none":
+        return None
+    return get(choice)
