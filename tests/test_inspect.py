@@ -76,3 +76,14 @@ def test_not_a_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "metadata.json").write_text("[1, 2]")
     assert main(["inspect", str(tmp_path)]) == 2
     assert "expected a JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["a", "b"], ["--frobnicate", "x"]])
+def test_bad_arguments_are_one_line_and_exit_2(argv, capsys):
+    from packrl.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "packrl inspect: error" in err

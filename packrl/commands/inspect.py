@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``packrl inspect`` on its own parser: the ``packrl`` command dispatches here before it builds its
     full parser (which imports torch)."""
-    parser = argparse.ArgumentParser(prog="packrl inspect", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser = _Parser(prog="packrl inspect", description=__doc__.split("\n")[0], allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
     from packrl.errors import PackrlError
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     except PackrlError as err:
         print(f"packrl inspect: {err}", file=sys.stderr)
         return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")  # one line, exit 2
 
 
 def inspect_command(checkpoint: str, as_json: bool = False) -> int:
