@@ -259,7 +259,7 @@ def test_history_keeps_non_finite_values_as_strings():
 # ---------------------------------------------------------------- multi-agent
 
 
-def test_aec_total_steps_count_acting_agents_and_games_report_rates_against_random(tmp_path):
+def test_aec_total_steps_count_acting_agents_and_games_report_rates_against_random(tmp_path, capsys):
     out = tmp_path / "run"
     rc = _train("pettingzoo.classic.tictactoe_v3", "--num-envs", "4", "--train.num_steps", "64", "--hidden", "16",
                 "--total-steps", "512", "--versus-every", "1", "--versus-games", "4", "--out", str(out))
@@ -272,6 +272,10 @@ def test_aec_total_steps_count_acting_agents_and_games_report_rates_against_rand
         rates = [h[f"vs_random/{k}"] for k in ("win", "draw", "loss")]
         assert sum(rates) == pytest.approx(1.0) and all(r in (0, 0.25, 0.5, 0.75, 1) for r in rates)
     assert any("episode_return/player_1" in h for h in history)
+    capsys.readouterr()
+    assert main(["eval", str(out / "checkpoint"), "--episodes", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "against a uniformly random legal opponent (4 games" in said and ("win 0." in said or "win 1.00" in said)
 
 
 def test_versus_random_counts_wins_for_the_policy_seat():

@@ -81,6 +81,10 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
                       f"{returns.max():.3f}", str(len(returns)))
     console.print(table)
     console.print(f"mean return {results[mode].mean():.3f} ({mode}, the default; see --mode)")
+    from packrl.train.versus import report_versus_random  # two-player zero-sum games: win/draw/loss vs random
+
+    report_versus_random(console, policy, env_id, env_kwargs if env else metadata["config"]["env"].get("kwargs"),
+                         episodes, seed, greedy=MODES[mode])
     if env is not None and env != metadata["config"]["env"]["id"]:
         console.print(escape(f"note: trained on {metadata['config']['env']['id']!r}, evaluated on {env!r} "
                              "(its layouts match)"))

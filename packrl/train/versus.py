@@ -89,3 +89,19 @@ def _random_legal(env: Any, obs: np.ndarray, row: int, rng: np.random.Generator)
         mask = mask[key]
     legal = np.flatnonzero(np.asarray(mask).reshape(-1))
     return int(rng.choice(legal))
+
+
+def report_versus_random(console: Any, policy: Any, env_id: str, env_kwargs: dict | None, games: int, seed: int,
+                         greedy: bool = False) -> dict[str, float] | None:
+    """For ``packrl eval``: print the win/draw/loss rates against a random opponent when ``env_id`` is a
+    two-player zero-sum game (else do nothing). The id is resolved as data (no code it names is run)."""
+    from packrl.train.run import env_creator
+
+    if not is_two_player_zero_sum(env_id):
+        return None
+    creator, _ = env_creator(env_id, env_kwargs, "aec", allow_code=False)
+    rates = versus_random(policy, creator, games, seed=seed, greedy=greedy)
+    console.print(f"against a uniformly random legal opponent ({games} games, {'greedy' if greedy else 'sampled'}, "
+                  f"seats alternating): win {rates['win']:.2f}, draw {rates['draw']:.2f}, loss {rates['loss']:.2f}",
+                  highlight=False)
+    return rates
