@@ -1,5 +1,7 @@
 """Samples on the learner's device: nativized structured observations, zero-copy views on CPU, pinned buffers
 and non-blocking copies on CUDA (skipped without a GPU), all equal to the numpy sample of the same draw."""
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,29 @@ def test_cpu_samples_are_nativized_views_of_the_gathered_rows(prioritized):
     storages = {on_cpu.observations[key].untyped_storage().data_ptr() for key in SPACE.spaces}
     assert len(storages) == 1, "every leaf is a view of one gathered block of rows: nothing copied per leaf"
     assert on_cpu.observations["count"].untyped_storage().nbytes() == 64 * buf.layout.nbytes
+
+
+def _copy(x):
+    return x.numpy().copy() if isinstance(x, torch.Tensor) else x.copy()
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_a_batch_or_one_leaf_kept_is_never_overwritten_by_later_samples(device):
+    """Samples are gathered into recycled blocks; a block is reused only once nothing made from it is alive."""
+    buf = _filled()
+    batch = buf.sample(64, 2, device=device)
+    leaf = buf.sample(64, 2, device=device).next_observations["image"]  # the batch itself is dropped
+    kept_batch = {key: _copy(batch.observations[key]) for key in SPACE.spaces}
+    kept_leaf = _copy(leaf)
+    blocks = [buf.sample(64, 2, device=device) for _ in range(6)]  # more than the pool holds, all alive
+    for _ in range(6):
+        buf.sample(64, 2, device=device)
+    for key in SPACE.spaces:
+        assert np.array_equal(_copy(batch.observations[key]), kept_batch[key])
+    assert np.array_equal(_copy(leaf), kept_leaf)
+    del batch, leaf, blocks
+    pool = next(iter(buf._blocks.values()))
+    assert any(sys.getrefcount(pool[i]) == 2 for i in range(len(pool))), "dropped samples free their blocks"
 
 
 def test_a_box_env_gives_its_own_rows():
