@@ -301,7 +301,7 @@ class ReplayBuffer:
             sets["sets"][turn] = (tensors, torch.cuda.Event())
         tensors, event = sets["sets"][turn]
         event.synchronize()
-        self._pending_event = event
+        self._pending = (tensors, event)
         return {name: t.numpy() for name, t in tensors.items()}
 
     def _to_device(self, host: dict, device: Any) -> dict:
@@ -309,9 +309,11 @@ class ReplayBuffer:
 
         if device.type == "cpu":
             return {name: torch.from_numpy(a) for name, a in host.items()}
-        out = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in host.items()}
-        if device.type == "cuda":
-            self._pending_event.record()
+        if device.type != "cuda":
+            return {name: torch.from_numpy(a).to(device) for name, a in host.items()}
+        pinned, event = self._pending  # the pinned tensors themselves, which torch knows are page-locked
+        out = {name: pinned[name].to(device, non_blocking=True) for name in host}
+        event.record()
         return out
 
     # ------------------------------------------------------------ priorities
