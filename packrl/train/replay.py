@@ -25,7 +25,7 @@ import numpy as np
 
 from packrl.errors import UsageError
 from packrl.train import replay_index
-from packrl.train.sumtree import new_trees, tree_sample
+from packrl.train.sumtree import new_trees
 
 BLOCK_ALIGN = 64  # each array of a sample starts on a cache line of its block
 BLOCK_POOL = 4  # recycled sample blocks kept per size
@@ -192,11 +192,8 @@ class ReplayBuffer:
         held = int(self.held[0])
         if held == 0:
             raise UsageError("the replay buffer holds no transition yet (a row needs a step and its successor)")
-        flat = np.empty(batch_size, np.int64)
-        if self.prioritized:
-            tree_sample(self.sums, self.rng.random(batch_size), flat)
-        else:
-            flat = self.starts[self.rng.integers(0, held, batch_size)]
+        flat, rows = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
+        replay_index.draw(self.rng.random(batch_size), self.starts, held, self.sums, flat, rows, self.num_rows)
         if device is not None:
             import torch
 
@@ -218,8 +215,7 @@ class ReplayBuffer:
         out = host if device is None else self._to_device(host, device)
         stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
         return NStepBatch(self._native(out["observations"]), out["actions"], out["returns"], out["discounts"],
-                          self._native(out["next_observations"]), out["weights"], steps, flat % self.num_rows, flat,
-                          stamps)
+                          self._native(out["next_observations"]), out["weights"], steps, rows, flat, stamps)
 
     def _flat_views(self) -> tuple[np.ndarray, np.ndarray]:
         """Observations and actions with (slot, row) as one flat axis (views: the storage is C-contiguous)."""
@@ -255,8 +251,8 @@ class ReplayBuffer:
         if cuda:
             return self._pinned(batch_size, shapes)
         block = self._free_block(total)
-        return {name: block[start:end].view(dtype).reshape(shape)
-                for (name, (shape, dtype)), (start, end) in zip(shapes.items(), offsets)}
+        return {name: np.ndarray(shape, dtype, buffer=block, offset=start)
+                for (name, (shape, dtype)), (start, _) in zip(shapes.items(), offsets)}
 
     def _plan(self, batch_size: int) -> tuple[dict, list, int]:
         """The arrays of a sample of ``batch_size``, and where each lies in its block."""

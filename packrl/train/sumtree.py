@@ -51,13 +51,3 @@ def tree_find(sums: np.ndarray, mass: float) -> int:
             mass -= left
             node = 2 * node + 1
     return node - size
-
-
-@njit(cache=True)
-def tree_sample(sums: np.ndarray, uniforms: np.ndarray, out: np.ndarray) -> None:
-    """Stratified proportional sampling: draw i takes mass ``(i + uniforms[i]) * total / n``, one draw in each
-    of n equal slices of the total (the prioritized replay paper's scheme: lower variance than i.i.d.)."""
-    n = uniforms.size
-    total = sums[1]
-    for i in range(n):
-        out[i] = tree_find(sums, (i + uniforms[i]) * total / n)
