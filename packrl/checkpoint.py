@@ -16,8 +16,9 @@ header (dtypes, shapes, offsets inside the file, tensor names), and the shapes t
 
 Saving is atomic: the files are written into a temporary sibling folder that is then renamed into place;
 an existing checkpoint is first renamed to a backup, removed only after the new one is in place. An
-interruption at any point leaves the previous checkpoint loadable (from its backup while the swap is
-unfinished; the next save or load completes or undoes it). Nothing is written through a symlink.
+interruption at any point leaves the previous checkpoint loadable (loading reads the backup while the swap
+is unfinished; the next save completes or undoes it). Nothing is written through a symlink; reading follows
+symlinks (model hubs' caches link their files).
 """
 from __future__ import annotations
 
@@ -335,8 +336,8 @@ def _verified(path: str | Path, expected_sha256: str | None, keep: bool) -> tupl
     if expected_sha256 is not None and expected_sha256.strip().lower() != recorded:
         raise CheckpointError(f"{folder}: manifest SHA-256 {recorded} does not match the expected {expected_sha256}")
     weights = folder / WEIGHTS
-    if weights.is_symlink() or not weights.is_file():
-        raise CheckpointError(f"{weights}: missing (or not a regular file)")
+    if not weights.is_file():  # a symlink to a file is read (model hubs' caches link their blobs); never written
+        raise CheckpointError(f"{weights}: missing (or not a file)")
     data = weights.read_bytes() if keep else None
     actual = hashlib.sha256(data).hexdigest() if keep else sha256_file(weights)
     if actual != metadata["weights_sha256"]:
