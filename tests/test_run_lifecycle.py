@@ -29,8 +29,10 @@ class Countdown(gym.Env):
     observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, sigterm_at: int | None = None, reward_scale: float = 1.0, blow_up_after: int | None = None):
+    def __init__(self, sigterm_at: int | None = None, reward_scale: float = 1.0, blow_up_after: int | None = None,
+                 symlink: list | None = None):
         self.sigterm_at, self.reward_scale, self.blow_up_after = sigterm_at, reward_scale, blow_up_after
+        self.symlink = symlink  # [at_step, link, target]: make that symlink at that step of its own
         self.t = self.taken = 0
 
     def reset(self, seed=None, options=None):
@@ -46,6 +48,8 @@ class Countdown(gym.Env):
         self.taken += 1
         if self.blow_up_after is not None and self.taken > self.blow_up_after:
             reward = 3e38  # finite in float32, but returns and losses built from it are not
+        if self.symlink is not None and self.taken == self.symlink[0] and not os.path.lexists(self.symlink[1]):
+            os.symlink(self.symlink[2], self.symlink[1])
         if self.sigterm_at is not None and self.taken == self.sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)
         self.t += 1
@@ -141,6 +145,21 @@ def test_periodic_checkpoints_keep_the_newest_k(tmp_path):
     assert read_metadata(out / "checkpoint")["global_step"] == LENGTH * 4 * 12
     history = read_history(out / "history.jsonl")
     assert [h["iteration"] for h in history] == list(range(1, 13))
+
+
+def test_a_failed_periodic_save_removes_no_older_checkpoint(tmp_path, capsys):
+    """The checkpoint due at step 128 cannot be written (the env made its folder a symlink during iteration
+    3, and checkpoints refuse symlinks): the run stops with exit 3 and the checkpoint of step 64 is still
+    there and loads, though --keep is 1."""
+    out = tmp_path / "run"
+    (tmp_path / "elsewhere").mkdir()
+    trap = [LENGTH * 2 + 1, str(out / "checkpoints" / "step-000000000128"), str(tmp_path / "elsewhere")]
+    assert _countdown(out, "--checkpoint-every", str(LENGTH * 4 * 2), "--keep", "1",
+                      "--env.kwargs", "{symlink = [%d, '%s', '%s']}" % tuple(trap)) == 3
+    assert "symlink" in capsys.readouterr().out
+    assert load_checkpoint(out / "checkpoints" / "step-000000000064")[1]["global_step"] == 64
+    assert read_metadata(out / "checkpoint")["global_step"] == 64
+    assert not any((tmp_path / "elsewhere").iterdir())
 
 
 # ---------------------------------------------------------------- resume

@@ -8,8 +8,9 @@ guard, and resuming.
       learning_curve.png
 
 Exit codes: 0 done, 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM (both save a checkpoint at the
-end of the iteration under way, then exit), 3 stopped by a non-finite value or an env error (nothing of
-that iteration is saved; the last good checkpoint stays), 2 a bad setting or folder.
+end of the iteration under way, then exit), 3 stopped by an error once training was under way (a non-finite
+value, an env error, a checkpoint that could not be written: nothing of that iteration is saved, the last
+good checkpoint stays), 2 a bad setting, folder or checkpoint to resume.
 
 ``--resume RUN_OR_CHECKPOINT`` continues from a checkpoint, at the iteration boundary it was saved at: the
 weights, the optimizer state, the step and iteration counts (so the learning-rate schedule), and the torch,
@@ -356,7 +357,10 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     if last is not None:
         console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False)
     console.print(f"run folder: {folder}", highlight=False)
-    console.print(f"checkpoint: {latest if latest else '(none)'}", highlight=False)
+    from packrl.checkpoint import read_metadata
+
+    console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
+                  + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False)
     curve = folder / "learning_curve.png"
     console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False)
     return RunResult(code, folder, latest, ppo.global_step, last)
