@@ -18,6 +18,7 @@ from packrl.errors import EnvError, UsageError
 
 # Calls that would step, reset or re-point an env behind the vector env's back (its rows and flags).
 REFUSED = ("reset", "step", "close", "set_buffers")
+WRAPPERS = "__wrappers__"  # not an attribute: the classes of an env's wrapper chain (for SB3's env_is_wrapped)
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,13 @@ class Request:
     kwargs: dict = field(default_factory=dict)
     call: bool = True
     values: tuple | None = None
+    only: frozenset | None = None  # global indices of the envs it goes to (None: every env); the others give None
 
     def block(self, first: int, count: int) -> "Request":
         """The request for envs ``first .. first + count - 1`` (their share of ``values``)."""
         if self.values is None:
             return self
-        return Request(self.name, self.args, self.kwargs, self.call, self.values[first: first + count])
+        return Request(self.name, self.args, self.kwargs, self.call, self.values[first: first + count], self.only)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ def run_block(envs: list, first: int, request: Request) -> list:
     or a one-item list holding the ``CallFailed`` of the first env that raised."""
     results = []
     for k, env in enumerate(envs):
+        if request.only is not None and first + k not in request.only:
+            results.append(None)
+            continue
         try:
             results.append(_run_one(target(env), request, k))
         except Exception as err:  # noqa: BLE001 - reported with the env index, the vector env stays usable
@@ -82,6 +87,8 @@ def run_block_pickled(envs: list, first: int, request: Request) -> bytes:
 
 
 def _run_one(env: Any, request: Request, k: int) -> Any:
+    if request.name == WRAPPERS:
+        return wrapper_types(env)
     if request.values is not None:
         if hasattr(env, "set_wrapper_attr"):
             env.set_wrapper_attr(request.name, request.values[k])
@@ -90,6 +97,15 @@ def _run_one(env: Any, request: Request, k: int) -> Any:
         return None
     value = env.get_wrapper_attr(request.name) if hasattr(env, "get_wrapper_attr") else getattr(env, request.name)
     return value(*request.args, **request.kwargs) if request.call and callable(value) else value
+
+
+def wrapper_types(env: Any) -> tuple:
+    """The classes of ``env`` and of every gymnasium wrapper under it, outermost first."""
+    types = [type(env)]
+    while hasattr(env, "env") and env is not getattr(env, "unwrapped", env):
+        env = env.env
+        types.append(type(env))
+    return tuple(types)
 
 
 def checked(results: list) -> tuple:
