@@ -212,6 +212,10 @@ def test_resume_restores_counters_optimizer_and_rng_states_of_a_numba_run(tmp_pa
         assert history[0]["learning_rate"] == pytest.approx(2e-3 * (1 - 256 / 384))
     finally:
         vecenv.close()
+    # a finished run extended from the command line: its env id is a name, so it is resolved as data
+    assert main(["train", "--resume", str(out), "--total-steps", "512", "--no-live", "--checkpoint-minutes", "0"]) == 0
+    assert read_metadata(out / "checkpoint")["global_step"] == 512
+    assert [h["iteration"] for h in read_history(out / "history.jsonl")] == [1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------- signals from outside

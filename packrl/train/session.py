@@ -273,9 +273,9 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     if options.resume is not None:
         checkpoint_path, resume_folder = find_checkpoint(options.resume)
         policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
-        if "resume" not in metadata:
+        if not isinstance(metadata.get("resume"), dict):
             raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
-        config = _resumed_config(metadata["config"], config, options)
+        config = _resumed_config(metadata, checkpoint_path, config, options)
         if not options.env_given:  # a checkpoint is data: its env id never names code to run
             env = config["env"]
             env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
@@ -296,7 +296,11 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         policy = make_policy(vecenv, config["policy"])
         ppo = PPO(vecenv, policy, cfg)
         if resume_state is not None:
-            ppo.load_training_state(*resume_state)
+            try:
+                ppo.load_training_state(*resume_state)
+            except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+                raise RunError(f"--resume {checkpoint_path}: its training state does not fit this run "
+                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
         history = History(folder / "history.jsonl", keep_until_iteration=ppo.iteration if resume_state else None)
         checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
                                   ppo.global_step)
@@ -366,14 +370,20 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     return RunResult(code, folder, latest, ppo.global_step, last)
 
 
-def _resumed_config(recorded: dict, given: dict, options: RunOptions) -> dict:
-    """The recorded config of the run, with what a resumed run may change: ``total_steps`` (to extend a
-    run), ``device``, and the env when it was given on the command line."""
+def _resumed_config(metadata: dict, checkpoint: Path, given: dict, options: RunOptions) -> dict:
+    """The recorded config of the run, checked as a config file would be, with what a resumed run may
+    change: ``total_steps`` (to extend a run), ``device``, and the env when it was given on the command line."""
     import copy
 
-    config = copy.deepcopy(recorded)
-    config["train"]["total_steps"] = given["train"]["total_steps"] if options.total_steps_given else \
-        recorded["train"]["total_steps"]
+    from packrl import config as config_settings
+    from packrl.train.checkpoint_env import checked_config
+
+    file = checkpoint / "metadata.json"
+    recorded = checked_config(metadata, file)  # env and policy within the bounds a checkpoint may claim
+    config = config_settings.merge(config_settings.ConfigLayer(
+        {k: v for k, v in recorded.items() if k in config_settings.SECTIONS}, f"{file} (config)"))
+    if options.total_steps_given:
+        config["train"]["total_steps"] = given["train"]["total_steps"]
     if options.device_given:
         config["train"]["device"] = given["train"]["device"]
     if options.env_given:
