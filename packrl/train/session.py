@@ -334,9 +334,13 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
                 checkpoints.save_latest(ppo, config, history.rows)
         plot_learning_curve(history.rows, folder / "learning_curve.png", title)
     except KeyboardInterrupt:  # Ctrl-C before training started
-        code = EXIT_SIGINT
+        _remove_if_empty(folder)
         console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
-        return RunResult(code, folder, None, 0, None)
+        return RunResult(EXIT_SIGINT, None, None, 0, None)
+    except BaseException:  # the run could not start: leave no empty run folder behind
+        if history is None:
+            _remove_if_empty(folder)
+        raise
     finally:
         vecenv.close()
         if history is not None:
@@ -368,6 +372,13 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     curve = folder / "learning_curve.png"
     console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False)
     return RunResult(code, folder, latest, ppo.global_step, last)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a resumed run's folder, or files written): keep it
+        pass
 
 
 def _resumed_config(metadata: dict, checkpoint: Path, given: dict, options: RunOptions) -> dict:
