@@ -12,6 +12,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packrl.checkpoint import load_checkpoint, read_metadata, sha256_file
 from packrl.cli import main
@@ -277,6 +279,43 @@ def test_history_keeps_non_finite_values_as_strings():
 
     line = json.loads(history_line({"a": float("nan"), "b": float("inf"), "c": -float("inf"), "d": 1.5}))
     assert line == {"a": "nan", "b": "inf", "c": "-inf", "d": 1.5}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["pg_loss", "v_loss", "episode_return", "learning_rate"]),
+                                st.floats(width=64) | st.integers(-2**53, 2**53), max_size=4),
+                max_size=5))
+def test_history_reads_back_every_value_it_wrote(rows):
+    """Whatever an iteration measured (NaN, infinities, -0.0, huge ints) is read back as it was written."""
+    import tempfile
+
+    from packrl.train.session import History
+
+    with tempfile.TemporaryDirectory() as folder:
+        history = History(Path(folder) / "history.jsonl")
+        for i, row in enumerate(rows, start=1):
+            history.append({"iteration": i, **row})
+        history.close()
+        back = read_history(Path(folder) / "history.jsonl")
+    assert len(back) == len(rows)
+    for row, got in zip(rows, back):
+        for key, value in row.items():
+            same = (np.isnan(value) and np.isnan(got[key])) if isinstance(value, float) and np.isnan(value) else \
+                got[key] == value and str(got[key]) == str(value)
+            assert same, (key, value, got[key])
+
+
+def test_resume_falls_back_to_the_newest_periodic_checkpoint_when_the_latest_is_damaged(tmp_path):
+    from packrl.train.session import RunError, find_checkpoint
+
+    out = tmp_path / "run"
+    assert _countdown(out, "--checkpoint-every", str(LENGTH * 4 * 2), "--keep", "2") == 0
+    assert find_checkpoint(out) == (out / "checkpoint", out)
+    (out / "checkpoint" / "metadata.json").write_text("{ not json")
+    assert find_checkpoint(out) == (out / "checkpoints" / "step-000000000320", out)
+    assert find_checkpoint(out / "checkpoints" / "step-000000000256") == (out / "checkpoints" / "step-000000000256", out)
+    with pytest.raises(RunError, match="no such run"):
+        find_checkpoint(tmp_path / "nothing")
 
 
 # ---------------------------------------------------------------- multi-agent
