@@ -130,7 +130,7 @@ class GymnasiumEmulation:
         try:
             for env, native in zip(envs, natives):
                 results.append(env.env.step(native))
-        except Exception as err:
+        except BaseException as err:  # KeyboardInterrupt too: the caller names the env it stopped
             err.env_position = len(results)
             raise
         observations, rewards, terminals, truncations, infos = zip(*results)

@@ -31,6 +31,16 @@ def check_seed(seed: Any, num_envs: int) -> None:
         raise UsageError(f"seed must be an int in [0, 2**63 - 1 - num_envs] (env i gets seed + i), got {seed!r}")
 
 
+def check_step_timeout(step_timeout: Any) -> float | None:
+    """A worker backend's ``step_timeout``: None (wait for ever) or a positive number of seconds."""
+    if step_timeout is None:
+        return None
+    if isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float, np.integer, np.floating)) \
+            or not 0 < float(step_timeout) < float("inf"):
+        raise UsageError(f"step_timeout must be a positive number of seconds (or None), got {step_timeout!r}")
+    return float(step_timeout)
+
+
 class Batch(NamedTuple):
     """What ``recv`` returns: rows of the envs in ``env_ids`` (each env: ``agents_per_env``
     consecutive rows, in the order of ``env_ids``). Arrays stay valid until the next ``send``."""

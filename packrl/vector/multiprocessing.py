@@ -22,12 +22,14 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
 import cloudpickle
@@ -35,8 +37,8 @@ import numpy as np
 
 from packrl.errors import UsageError
 from packrl.vector.attrs import Request, run_block, run_block_pickled
-from packrl.vector.base import Batch, WorkerBackend, plan_buffers
-from packrl.vector.runner import EnvRunner, EnvSpec, build_env
+from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
+from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors
 from packrl.vector.serial import _check_batch
 from packrl.vector.shared import BufferPlan, Segment, attach_segment
 
@@ -124,12 +126,22 @@ class Multiprocessing(WorkerBackend):
 
     ``main_envs`` (``batch_size == num_envs`` only): ``None`` picks the main process's equal share
     (see ``default_split``); ``0`` keeps every env in a worker (an env that crashes its process
-    then cannot take the main process down)."""
+    then cannot take the main process down).
+
+    ``step_timeout`` (seconds, default None: wait for ever): a worker whose step, reset or call
+    takes longer is killed and the vector env fails with EnvError naming its envs. It needs every
+    env in a worker (``main_envs`` defaults to 0 with it; a main process's env cannot be timed out)."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, context: str | None = None,
                  main_envs: int | None = None, main_spin_s: float = MAIN_SPIN_S,
-                 worker_spin_s: float = WORKER_SPIN_S):
+                 worker_spin_s: float = WORKER_SPIN_S, step_timeout: float | None = None):
+        self.step_timeout = check_step_timeout(step_timeout)
+        if self.step_timeout is not None:
+            if main_envs:
+                raise UsageError(f"step_timeout needs every env in a worker, but main_envs={main_envs}: the main "
+                                 "process's own envs cannot be timed out (pass main_envs=0 or leave it out)")
+            main_envs = 0
         num_workers, main_envs = default_split(num_envs, batch_size, num_workers, main_envs)
         per_worker = (num_envs - main_envs) // num_workers
         _check_batch(num_envs, batch_size, per_worker)
@@ -169,6 +181,7 @@ class Multiprocessing(WorkerBackend):
             proc.start()
             writer.close()  # only the worker holds the write end: its death reads as EOF here
         self._in_flight: set[int] = set(range(num_workers))
+        self._sent_at = [float("inf")] * num_workers  # when each worker's command went (step_timeout only)
         self._batch_workers = self.batch_size // per_worker if main_envs == 0 else num_workers
         self._main_infos: list = []
         self._ready: deque[int] = deque()
@@ -280,12 +293,14 @@ class Multiprocessing(WorkerBackend):
         return results
 
     def close_extras(self, **kwargs: Any) -> None:
+        errors: list = []
         try:
-            self._finalizer()
+            errors += self._finalizer() or []  # the workers' envs whose close raised, reported by the workers
             if self._runner is not None:
-                self._runner.close()
+                errors += close_envs(self._runner.envs, self._runner.first)
         finally:  # named semaphores (spawn, forkserver) leave /dev/shm when their last reference goes
             self._done = None
+        raise_close_errors(errors)  # after everything is closed and released
 
     # ------------------------------------------------------------ commands and replies
 
@@ -296,6 +311,10 @@ class Multiprocessing(WorkerBackend):
         except Exception:
             failure = self._runner.failure()
             self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}")
+        except KeyboardInterrupt:  # as in serial: the interrupted env is mid-step, so every later call refuses
+            self._broken = (f"main process (pid {os.getpid()}), env {self._runner.failure().env_index} was "
+                            "interrupted (KeyboardInterrupt)")
+            raise
 
     def _command(self, w: int, command: int, seed: int | None = None) -> None:
         row = self._control[w]
@@ -304,6 +323,8 @@ class Multiprocessing(WorkerBackend):
         row[0] = command
         self._status[w] = BUSY
         self._in_flight.add(w)
+        if self.step_timeout is not None:
+            self._sent_at[w] = time.monotonic()
         self._wake[w].release()  # also a memory barrier: the worker sees the actions and the command
 
     def _collect(self, count: int) -> list[int]:
@@ -346,6 +367,23 @@ class Multiprocessing(WorkerBackend):
         if not self._spinner.wait(self._done):
             while not self._done.acquire(True, POLL_S):
                 self._check_workers()
+                if self.step_timeout is not None:
+                    self._check_hung()
+
+    def _check_hung(self) -> None:
+        """Kill the workers whose command has run longer than ``step_timeout``; fail naming their envs."""
+        now, status = time.monotonic(), self._status
+        hung = sorted(w for w in self._in_flight if status[w] == BUSY and now - self._sent_at[w] > self.step_timeout)
+        if not hung:
+            return
+        for w in hung:
+            self._procs[w].kill()
+        for w in hung:
+            self._procs[w].join()
+        per = self.envs_per_worker
+        what = "; ".join(f"worker {w} (pid {self._procs[w].pid}, " + (f"env {w * per}" if per == 1 else
+                         f"envs {w * per}..{w * per + per - 1}") + ")" for w in hung)
+        self._fail(f"{what} did not finish within step_timeout={self.step_timeout} s and was killed: an env hangs")
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a reset)."""
@@ -403,9 +441,10 @@ def default_context() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: list) -> None:
+def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: list) -> list:
     """Stop the workers (politely, then by force), reap them, release the segment. Runs once:
-    from close(), garbage collection or interpreter exit."""
+    from close(), garbage collection or interpreter exit. Returns the (env index, error) of the
+    workers' envs whose own close raised."""
     shm.unlink()  # normally done once the workers attached; this covers a failed start
     procs[:] = [proc for proc in procs if proc.pid is not None]  # a failed start leaves some unstarted
     for w, proc in enumerate(procs):
@@ -419,9 +458,31 @@ def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: lis
         if proc.is_alive():
             proc.kill()
             proc.join()
+    errors = []
     for conn in conns:
+        errors += _closed_report(conn)
         conn.close()
     wake.clear()
+    return errors
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A worker's last message: its envs whose own close raised, as (env index, error text)."""
+
+    errors: list
+
+
+def _closed_report(conn: Any) -> list:
+    """The errors of a worker's ``Closed`` message, read past any reply left unread on its pipe."""
+    try:
+        while conn.poll(0):
+            message = conn.recv()
+            if isinstance(message, Closed):
+                return message.errors
+    except Exception:  # noqa: BLE001 - EOF (a killed worker sends nothing) or a reply that cannot unpickle here
+        pass
+    return []
 
 
 # ---------------------------------------------------------------- worker side
@@ -430,8 +491,11 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle; it closes us
     _die_with_parent()
     # The main process, also under forkserver (where the OS parent is the fork server): its
-    # sentinel reads end-of-file once the main process is gone, however it died.
+    # sentinel reads end-of-file once the main process is gone, however it died. A thread waits on
+    # it, so the worker goes even while an env blocks in step.
     parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), name="packrl-watch-main", daemon=True).start()
     memory = attach_segment(args.segment, args.plan.nbytes)
     arrays = args.plan.views(memory)
     control, status, w = arrays["control"], arrays["status"], args.worker_id
@@ -454,6 +518,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             _wait(wake, spinner, parent)
             command = int(control[w, 0])
             if command == CLOSE:
+                conn.send(Closed(close_envs(envs, args.first_env)))
                 return
             if command == CALL:  # a call steps nothing: its errors travel as results and the worker goes on
                 _reply(status, w, done, conn, DONE_INFO, run_block_pickled(envs, args.first_env, conn.recv()))
@@ -473,12 +538,8 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 _reply(status, w, done, conn, FAILED, _unpicklable(infos))
                 continue
             _reply(status, w, done, conn, DONE_INFO if payload else DONE, payload)
-    finally:
-        for env in envs:
-            try:
-                env.close()
-            except Exception:  # closing must go on; the env's own error is not ours to report
-                pass
+    finally:  # left here only when the worker stops without a CLOSE (a failed start)
+        close_envs(envs, args.first_env)
 
 
 def _unpicklable(infos: list) -> tuple[int, str]:
@@ -510,6 +571,12 @@ def _wait(sem: Any, spinner: "Spinner", parent: Any) -> None:
     while not sem.acquire(True, 1.0):
         if parent is not None and not parent.is_alive():  # orphaned: the main process died without closing us
             os._exit(0)
+
+
+def _exit_when_gone(sentinel: int) -> None:
+    """Exit this worker once the main process is gone (its sentinel reads end-of-file)."""
+    wait([sentinel])
+    os._exit(0)
 
 
 def _die_with_parent() -> None:

@@ -22,8 +22,8 @@ from ray.exceptions import RayError
 
 from packrl.errors import EmulationError, EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
-from packrl.vector.base import Batch, WorkerBackend, plan_buffers
-from packrl.vector.runner import EnvRunner, EnvSpec, build_env
+from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
+from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors
 from packrl.vector.serial import _check_batch
 
 START_TIMEOUT_S = 300.0  # actors wait for free cluster resources, then build their envs
@@ -118,13 +118,9 @@ class RayWorker:
         cannot travel is reported with its env rather than failing the actor's reply)."""
         return run_block_pickled(self.envs, self.first, request)
 
-    def close(self) -> None:
-        for env in self.envs:
-            try:
-                env.close()
-            except Exception:  # closing must go on; the env's own error is not ours to report
-                pass
-        self.envs = []
+    def close(self) -> list[tuple[int, str]]:
+        """Close every env; (env index, error) of those whose own close raised, for the main process."""
+        return close_envs(self.envs, self.first)
 
     def _reply(self, infos: list) -> Reply:
         # Only changed final-observation rows travel: envs write them on episode ends only,
@@ -153,9 +149,10 @@ class RayVectorEnv(WorkerBackend):
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, actor_options: dict | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, step_timeout: float | None = None):
         if num_workers is not None:  # refuse a bad split before starting or joining a cluster
             _split(num_envs, int(num_workers), batch_size)
+        self.step_timeout = check_step_timeout(step_timeout)
         if not ray.is_initialized():
             ray.init()
         num_workers = default_workers(num_envs) if num_workers is None else int(num_workers)
@@ -208,9 +205,7 @@ class RayVectorEnv(WorkerBackend):
         need = self.batch_size // self.envs_per_worker
         if len(self._in_flight) < need:
             raise UsageError("recv() without reset: call reset() or async_reset() first")
-        workers_of = {ref: w for w, ref in self._in_flight.items()}
-        ready, _ = ray.wait(list(workers_of), num_returns=need)
-        workers = sorted(workers_of[ref] for ref in ready)
+        workers = self._wait_ready(need)
         infos_by_env = {}
         for w in workers:
             reply = self._get(w, self._in_flight.pop(w))
@@ -247,7 +242,7 @@ class RayVectorEnv(WorkerBackend):
 
     def close_extras(self, **kwargs: Any) -> None:
         self._in_flight.clear()
-        self._finalizer()
+        raise_close_errors(self._finalizer() or [])  # after every actor is gone
 
     # ------------------------------------------------------------ replies
 
@@ -298,8 +293,23 @@ class RayVectorEnv(WorkerBackend):
         if len(reply.changed):
             self.final_observations[rows.start + reply.changed] = reply.final_rows
 
+    def _wait_ready(self, need: int) -> list[int]:
+        """The first ``need`` workers to reply, in order; with a ``step_timeout``, the workers still
+        busy when it runs out are killed and the vector env fails naming their envs."""
+        workers_of = {ref: w for w, ref in self._in_flight.items()}
+        ready, _ = ray.wait(list(workers_of), num_returns=need, timeout=self.step_timeout)
+        if len(ready) < need:
+            hung = sorted(set(self._in_flight) - {workers_of[ref] for ref in ready})
+            for w in hung:
+                ray.kill(self._actors[w], no_restart=True)
+            self._fail(f"ray worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not finish "
+                       f"within step_timeout={self.step_timeout} s and were killed: an env hangs")
+        return sorted(workers_of[ref] for ref in ready)
+
     def _drain(self) -> None:
         """Wait for every reply in flight and drop it (before a reset); failures still raise."""
+        if self._in_flight:
+            self._wait_ready(len(self._in_flight))
         for w, future in list(self._in_flight.items()):
             del self._in_flight[w]
             self._get(w, future)
@@ -328,16 +338,24 @@ def _key(spec: EnvSpec) -> tuple:
     return spec.agents_per_env, spec.row_shape, spec.row_dtype, spec.single_action_space
 
 
-def _shutdown(actors: list) -> None:
+def _shutdown(actors: list) -> list:
     """Let the actors close their envs (briefly), then kill them. Runs once: from close(),
-    garbage collection or interpreter exit (where Ray may already have stopped them)."""
+    garbage collection or interpreter exit (where Ray may already have stopped them). Returns the
+    (env index, error) of the envs whose own close raised, as the actors reported them."""
+    errors: list = []
     if not actors:
-        return
+        return errors
     try:
         if ray.is_initialized():
             closing = [a.close.remote() for a in actors]
-            ray.wait(closing, num_returns=len(closing), timeout=CLOSE_GRACE_S)
+            ready, _ = ray.wait(closing, num_returns=len(closing), timeout=CLOSE_GRACE_S)
+            for future in ready:
+                try:
+                    errors += ray.get(future) or []
+                except RayError:  # an actor that died or was killed reports nothing
+                    pass
             for a in actors:
                 ray.kill(a, no_restart=True)
     finally:
         actors.clear()
+    return errors

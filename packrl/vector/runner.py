@@ -134,17 +134,28 @@ class EnvRunner:
 
     def close(self) -> None:
         """Close every env; if some env's own ``close`` raised, say which after closing the rest."""
-        errors = []
-        for k, env in enumerate(self.envs):
-            try:
-                env.close()
-            except Exception as err:  # noqa: BLE001 - the other envs must still be closed
-                errors.append((self.first + k, err))
-        if errors:
-            index, err = errors[0]
-            others = f" (and {len(errors) - 1} more envs)" if len(errors) > 1 else ""
-            raise EnvError(f"env {index}'s close raised {type(err).__name__}: {err}{others}; "
-                           "every env was closed all the same") from err
+        raise_close_errors(close_envs(self.envs, self.first))
+
+
+def close_envs(envs: list, first: int) -> list[tuple[int, str]]:
+    """Close every env (the list is emptied); (env index, error) for each whose own ``close`` raised.
+    The errors are text, so a worker or an actor can send them to the main process."""
+    errors = []
+    for k, env in enumerate(envs):
+        try:
+            env.close()
+        except Exception as err:  # noqa: BLE001 - the other envs must still be closed
+            errors.append((first + k, f"{type(err).__name__}: {err}"))
+    envs.clear()
+    return errors
+
+
+def raise_close_errors(errors: list[tuple[int, str]]) -> None:
+    """EnvError naming the first env whose close raised (``close_envs``), if any did."""
+    if errors:
+        index, text = min(errors)
+        others = f" (and {len(errors) - 1} more envs)" if len(errors) > 1 else ""
+        raise EnvError(f"env {index}'s close raised {text}{others}; every env was closed all the same")
 
 
 class _GymnasiumBlock:
@@ -175,7 +186,7 @@ class _GymnasiumBlock:
         try:
             actions = runner.actions[lo:hi] if self.choices is None else self.choices[self.base + lo: self.base + hi]
             infos, ended = GymnasiumEmulation.step_many(runner.envs[lo:hi], actions, rows)
-        except Exception as err:
+        except BaseException as err:  # KeyboardInterrupt too: the backend names the env it stopped
             runner.current = lo + getattr(err, "env_position", 0)
             raise
         for k in ended:

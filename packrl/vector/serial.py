@@ -95,6 +95,9 @@ class Serial(VectorEnv):
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
             self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
             raise EnvError(self._broken) from None
+        except KeyboardInterrupt:  # Ctrl-C stays Ctrl-C, but the env it stopped is mid-step: refuse from now on
+            self._broken = f"serial backend, env {self._runner.failure().env_index} was interrupted (KeyboardInterrupt)"
+            raise
 
     def _call_envs(self, request: Request) -> list:
         self._check_usable()

@@ -93,3 +93,34 @@ class SeededFailure(ScriptedEnv):
         if seed == 3:
             self.fail_at = 3
         return super().reset(seed=seed, options=options)
+
+
+class HangingEnv(ScriptedEnv):
+    """The env seeded ``hang_seed`` on its first reset blocks in ``step`` (sleeps ``hang_s``): a
+    stand-in for an env that hangs, for step timeouts and for a main process killed meanwhile."""
+
+    hang_seed = 1
+    hang_s = 3600.0
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self.hangs = seed == self.hang_seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        if getattr(self, "hangs", False):
+            time.sleep(self.hang_s)
+        return super().step(action)
+
+
+class CloseFails(ScriptedEnv):
+    """The envs seeded 1 and 3 on their first reset raise OSError from ``close``."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self.seed_ = seed
+        return super().reset(seed=seed, options=options)
+
+    def close(self) -> None:
+        if getattr(self, "seed_", None) in (1, 3):
+            raise OSError(f"close of env {self.seed_} failed")
