@@ -4,6 +4,7 @@ import fcntl
 import io
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -19,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HIDE_CURSOR = "\x1b[?25l"  # rich.live hides the cursor while it redraws: the live path ran
 
 
-def run_on_pty(cmd: list[str], timeout: float = 300.0) -> tuple[int, str]:
+def run_on_pty(cmd: list[str], timeout: float = 300.0, signal_when: tuple[str, int] | None = None) -> tuple[int, str]:
     """Run ``cmd`` with stdin, stdout and stderr on a fresh pseudo-terminal of 120 x 40; its exit code
-    and everything it wrote."""
+    and everything it wrote. ``signal_when=(text, signum)``: send ``signum`` once ``text`` was written."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "CI", "FORCE_COLOR")}
@@ -40,6 +41,9 @@ def run_on_pty(cmd: list[str], timeout: float = 300.0) -> tuple[int, str]:
                 if not data:
                     break
                 chunks.append(data)
+                if signal_when is not None and signal_when[0] in b"".join(chunks).decode(errors="replace"):
+                    proc.send_signal(signal_when[1])
+                    signal_when = None
             elif proc.poll() is not None:
                 break
         else:
@@ -66,6 +70,18 @@ def test_packrl_train_runs_live_on_a_terminal(tmp_path):
     assert rc == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert HIDE_CURSOR in text and "policy loss" in text and "2048/2048" in text
+    assert (out / "checkpoint" / "metadata.json").is_file()
+
+
+def test_ctrl_c_on_a_terminal_says_it_will_save_then_saves(tmp_path):
+    out = tmp_path / "run"
+    rc, text = run_on_pty([sys.executable, "-m", "packrl.cli", "train", "CartPole-v1", "--num-envs", "2",
+                           "--total-steps", "100000000", "--train.num_steps", "256", "--out", str(out)],
+                          signal_when=("steps/s", signal.SIGINT))
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "SIGINT: stopping at the end of this iteration to save a checkpoint" in text
+    assert f"packrl train --resume {out}" in text.replace("\r\n", "")
     assert (out / "checkpoint" / "metadata.json").is_file()
 
 

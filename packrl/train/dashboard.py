@@ -30,6 +30,7 @@ class Dashboard:
         self.start = time.perf_counter()
         self.start_step = self.step = start_step
         self.last: dict = {}
+        self.notice: str | None = None  # a line shown under the bar (a stop request)
         self.last_log, self.logged_step = self.start, None
         self.console = console or Console()
         self.writer = _tensorboard_writer(tensorboard) if tensorboard else None
@@ -118,7 +119,8 @@ class _View:
         self.board = board
 
     def __rich__(self) -> Group:
-        return Group(self.board.progress, self.board.table())
+        notice = [f"[bold yellow]{self.board.notice}[/bold yellow]"] if self.board.notice else []
+        return Group(self.board.progress, *notice, self.board.table())
 
 
 def _clock(seconds: float) -> str:

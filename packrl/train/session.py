@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -238,6 +239,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.board: Any = None  # the Dashboard to tell (its live view shows the notice)
         self._previous: dict = {}
 
     def __enter__(self) -> "StopSignals":
@@ -254,6 +256,12 @@ class StopSignals:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signum
+        notice = (f"{signal.Signals(signum).name}: stopping at the end of this iteration to save a checkpoint"
+                  + (" (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""))
+        if self.board is not None and self.board.live is not None:
+            self.board.notice = notice
+        else:  # one small write, safe in a signal handler
+            os.write(2, (notice + "\n").encode())
 
 
 # ---------------------------------------------------------------- the run
@@ -308,6 +316,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
         board = Dashboard(title, total, live=options.live and console.is_terminal, tensorboard=options.tensorboard,
                           log_seconds=options.log_seconds, console=console, start_step=ppo.global_step)
+        stops.board = board
 
         def callback(stats: dict) -> bool:
             if versus is not None and stats["iteration"] % options.versus_every == 0:
@@ -353,24 +362,24 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
             "no checkpoint had been saved yet"
         console.print(f"[red]training stopped: {error}[/red]", highlight=False, soft_wrap=True)
-        console.print(f"nothing of that iteration was saved; {kept}", highlight=False)
+        console.print(f"nothing of that iteration was saved; {kept}", highlight=False, soft_wrap=True)
     elif code in (EXIT_SIGINT, EXIT_SIGTERM):
         why = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT (Ctrl-C)"
         if latest is not None and checkpoints.last_step == ppo.global_step:
             console.print(f"[yellow]stopped by {why} (interrupted) at {ppo.global_step:,} steps; checkpoint saved; "
-                          f"continue with: packrl train --resume {folder}[/yellow]", highlight=False)
+                          f"continue with: packrl train --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
         else:
             console.print(f"[yellow]stopped at once by a second Ctrl-C (interrupted) at {ppo.global_step:,} steps; "
-                          f"nothing saved from this session's last iteration[/yellow]", highlight=False)
+                          f"nothing saved from this session's last iteration[/yellow]", highlight=False, soft_wrap=True)
     if last is not None:
-        console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False)
-    console.print(f"run folder: {folder}", highlight=False)
+        console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False, soft_wrap=True)
+    console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
     from packrl.checkpoint import read_metadata
 
     console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
-                  + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False)
+                  + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False, soft_wrap=True)
     curve = folder / "learning_curve.png"
-    console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False)
+    console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False, soft_wrap=True)
     return RunResult(code, folder, latest, ppo.global_step, last)
 
 
