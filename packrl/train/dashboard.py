@@ -17,6 +17,7 @@ SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:
          ("clipfrac", "clip fraction", "{:.3f}"), ("explained_variance", "explained variance", "{:.3f}"),
          ("learning_rate", "learning rate", "{:.2e}"))
 PER_AGENT, VERSUS = "episode_return/", "vs_random/"
+LOGGED = {key for key, _, _ in SHOWN}  # TensorBoard gets these and the per-agent and versus figures
 
 
 class Dashboard:
@@ -67,8 +68,7 @@ class Dashboard:
         self.progress.update(self.task, completed=min(self.step, self.total_steps), sps=f"{self.steps_per_second():,.0f}")
         if self.writer is not None:
             for key, value in stats.items():
-                if isinstance(value, (int, float)) and (key in dict((k, 0) for k, _, _ in SHOWN)
-                                                        or key.startswith((PER_AGENT, VERSUS))):
+                if isinstance(value, (int, float)) and (key in LOGGED or key.startswith((PER_AGENT, VERSUS))):
                     self.writer.add_scalar(f"train/{key}", value, stats["global_step"])
         if self.live is None and time.perf_counter() - self.last_log >= self.log_seconds:
             self._log_line()
