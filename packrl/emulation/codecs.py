@@ -45,12 +45,13 @@ class LeafCodec(ABC):
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
+    subclass_hint: str = ""  # set by codec_for: added to this codec's refusals (a subclass packed as its base)
     # True when an input already of the field's dtype and shape is stored unchanged (check only validates it)
     stores_input: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.kind:
+        if "kind" in cls.__dict__ and cls.kind:  # a subclass that keeps its base's kind does not replace it
             LeafCodec.kinds[cls.kind] = cls
 
     space: spaces.Space
@@ -80,8 +81,32 @@ class LeafCodec(ABC):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LeafCodec) and self.spec() == other.spec()
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("check", None)  # a subclass hint's wrapper is made again where the codec is unpickled
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if state.get("subclass_hint"):
+            _add_subclass_hint(self, state["subclass_hint"])
+
     def __hash__(self) -> int:
         return hash(json.dumps(self.spec(), sort_keys=True))
+
+
+def _add_subclass_hint(codec: "LeafCodec", hint: str) -> None:
+    """Make ``codec``'s refusals end with ``hint`` (this codec only: the others keep the plain check)."""
+    codec.subclass_hint = hint
+    check = type(codec).check
+
+    def hinted(value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
+        try:
+            return check(codec, value, path, batch)
+        except EmulationError as err:
+            raise EmulationError(f"{err}; {hint}") from None
+
+    codec.check = hinted  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------- registry
@@ -97,11 +122,21 @@ def register_space(space_type: type | str, builder: SpaceBuilder) -> None:
 
 
 def codec_for(space: spaces.Space, path: tuple) -> LeafCodec:
-    """The codec of a leaf space, found through its class's MRO; EmulationError if none."""
+    """The codec of a leaf space, found through its class's MRO; EmulationError if none. A
+    subclass packed by a base class's codec gets the fix in its refusals: its samples may not be
+    what the base class's are (multigrid's MissionSpace is a MultiDiscrete of nvec (1,) whose
+    samples have shape ()), and a codec registered for the subclass itself takes them."""
     for cls in type(space).__mro__:
         builder = _BUILDERS.get(cls) or _BUILDERS.get(f"{cls.__module__}.{cls.__qualname__}")
         if builder is not None:
-            return builder(space)
+            codec = builder(space)
+            if cls is not type(space):
+                sub = type(space)
+                _add_subclass_hint(codec, f"the space is {sub.__module__}.{sub.__qualname__}, packed as its base "
+                                          f"class {cls.__qualname__}; if its samples differ from {cls.__qualname__}'s, "
+                                          f"register a codec for it: packrl.emulation.register_space("
+                                          f"{sub.__qualname__}, builder) (see the README)")
+            return codec
     raise EmulationError(f"leaf {format_path(path)}: {_why_unsupported(space)}")
 
 

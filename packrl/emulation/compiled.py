@@ -38,6 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from packrl._codegen import import_generated
+from packrl.emulation.codecs import LeafCodec
 
 try:
     from packrl.emulation import _fastpack
@@ -309,8 +310,10 @@ class _Source:
         leaves = [self.layout.leaves[i] for i in leaf_ids]
         dtype = leaves[0].dtype
         # a uint64 Discrete: its int64 scalar argument would meet uint64 bounds in a float comparison
-        # a 0-d bool: its scalar argument would be read as a bool, so it is checked by the codec
-        in_kernel = (codec.kind in CHECKED_IN_KERNEL and len(leaves) == 1 and dtype in _NUMBA_DTYPES
+        # a 0-d bool: its scalar argument would be read as a bool, so it is checked by the codec; so is a
+        # user's codec that keeps a built-in kind but checks in its own way (register_space)
+        own_check = type(codec).check is not getattr(LeafCodec.kinds.get(codec.kind), "check", None)
+        in_kernel = (codec.kind in CHECKED_IN_KERNEL and not own_check and len(leaves) == 1 and dtype in _NUMBA_DTYPES
                      and not (codec.kind == "discrete" and dtype == np.uint64)
                      and not (dtype == np.bool_ and leaves[0].shape == ()))
         if in_kernel and leaves[0].shape == () and dtype.kind == "f":
