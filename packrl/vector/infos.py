@@ -26,16 +26,23 @@ def to_dict(infos: list[dict], ended: np.ndarray | None = None, final_rows: np.n
     them each info is added as it is (a reset, or envs of several agents whose ends are per row)."""
     n = len(infos)
     out: dict = {}
-    if ended is None or not ended.any():
-        for i, info in enumerate(infos):
-            if info:
-                add_info(out, info, i, n)
-        return out
-    for i, info in enumerate(infos):  # env by env, as gymnasium does: the first env to give a key types its array
-        if ended[i]:
+    ends = ended is not None and ended.any()
+    if ends:  # every ended env has final_obs and final_info (empty or not), as in gymnasium: set in one go
+        final_obs = np.full(n, None, dtype=object)
+        where = np.flatnonzero(ended)
+        copies = final_rows[where]  # one copy of the ended rows; each entry a row of it
+        for k, i in enumerate(where.tolist()):
+            final_obs[i] = copies[k]
+        out["final_obs"], out["_final_obs"] = final_obs, ended.copy()
+        out["final_info"], out["_final_info"] = {}, ended.copy()
+    for i, info in enumerate(infos):  # env by env, as gymnasium: the first env to give a key types its array
+        if not info:
+            continue
+        if ends and ended[i]:
             info = dict(info)
             reset_info = info.pop(RESET_INFO, {})
-            add_info(out, {"final_obs": final_rows[i].copy(), "final_info": info}, i, n)
+            if info:
+                add_info(out["final_info"], info, i, n)
             info = reset_info
         if info:
             add_info(out, info, i, n)
