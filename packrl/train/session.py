@@ -341,7 +341,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
                 if stops.received is not None:
                     code = SIGNAL_EXIT[stops.received]
                 checkpoints.save_latest(ppo, config, history.rows)
-        plot_learning_curve(history.rows, folder / "learning_curve.png", title)
+            plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
     except KeyboardInterrupt:  # Ctrl-C before training started
         _remove_if_empty(folder)
         console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
