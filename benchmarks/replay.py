@@ -13,7 +13,9 @@ divided by the env steps it holds (packrl also stores one final observation per 
 """
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import torch
 from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, machine_line, print_table  # noqa: E402
 
 from packrl import envs  # noqa: E402
 from packrl.emulation import Layout  # noqa: E402
@@ -83,9 +85,36 @@ def packrl_steps_held(buffer: ReplayBuffer) -> int:
     return int(buffer.count.sum() - np.count_nonzero(buffer.last))  # slots never written are not last
 
 
-def samples_per_s(fn, batch: int) -> tuple[float, float]:
-    median, spread = per_call_us(fn, repeats=7, min_time=0.2)
-    return batch / (median * 1e-6), median
+def interleaved_us(fns: dict, repeats: int = 9, min_time: float = 0.05) -> dict:
+    """Median µs per call of each function, timed in rounds that visit every function in turn, so a change
+    of machine load during the run falls on all of them alike."""
+    counts = {}
+    for name, fn in fns.items():
+        n = 1
+        while True:
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if time.perf_counter() - start >= min_time:
+                break
+            n *= 2
+        counts[name] = n
+    samples: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / counts[name] * 1e6)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def speed_rows(fns: dict, batch: int, anchors: dict) -> list:
+    """Rows of (name, µs, samples/s, ratio to each anchor's samples/s); ``anchors`` maps a column to the
+    name of the function it compares with."""
+    us = interleaved_us(fns)
+    return [[f"{name}, B={batch}", us[name], batch / us[name] * 1e6,
+             *[us[anchor] / us[name] for anchor in anchors.values()]] for name in fns]
 
 
 def dict_case() -> tuple[list, list]:
@@ -113,11 +142,11 @@ def dict_case() -> tuple[list, list]:
               ["packrl ReplayBuffer, prioritized", ours_per.nbytes / packrl_steps_held(ours_per), ours_per.nbytes / packrl_steps_held(ours_per) / (sb3_bytes(sb3) / (capacity * NUM_ENVS))]]
     speed = []
     for batch in BATCHES:
-        base, base_us = samples_per_s(lambda: sb3.sample(batch), batch)
-        speed.append([f"SB3 DictReplayBuffer, B={batch}", base_us, base, 1.0])
-        for name, buf, n in (("packrl, 1-step", ours, 1), ("packrl, 3-step", ours, 3), ("packrl, prioritized 3-step", ours_per, 3)):
-            rate, us = samples_per_s(lambda: buf.sample(batch, n, device="cpu"), batch)
-            speed.append([f"{name}, B={batch}", us, rate, rate / base])
+        speed += speed_rows({"SB3 DictReplayBuffer": lambda: sb3.sample(batch),
+                             "packrl, 1-step": lambda: ours.sample(batch, 1, device="cpu"),
+                             "packrl, 3-step": lambda: ours.sample(batch, 3, device="cpu"),
+                             "packrl, prioritized 3-step": lambda: ours_per.sample(batch, 3, device="cpu")},
+                            batch, {"x SB3": "SB3 DictReplayBuffer"})
     return memory, speed
 
 
@@ -152,24 +181,24 @@ def cartpole_case() -> tuple[list, list]:
         memory.append([name, per_step, per_step / base_bytes])
     speed = []
     for batch in BATCHES:
-        base, base_us = samples_per_s(lambda: sb3["SB3 ReplayBuffer"].sample(batch), batch)
-        nstep, nstep_us = samples_per_s(lambda: sb3["SB3 NStepReplayBuffer, n=3"].sample(batch), batch)
-        speed.append([f"SB3 ReplayBuffer, B={batch}", base_us, base, 1.0])
-        speed.append([f"SB3 NStepReplayBuffer n=3, B={batch}", nstep_us, nstep, nstep / base])
-        for name, buf, n in (("packrl, 1-step", ours, 1), ("packrl, 3-step", ours, 3), ("packrl, prioritized 3-step", ours_per, 3)):
-            rate, us = samples_per_s(lambda: buf.sample(batch, n, device="cpu"), batch)
-            speed.append([f"{name}, B={batch}", us, rate, rate / base])
+        speed += speed_rows({"SB3 ReplayBuffer": lambda: sb3["SB3 ReplayBuffer"].sample(batch),
+                             "SB3 NStepReplayBuffer n=3": lambda: sb3["SB3 NStepReplayBuffer, n=3"].sample(batch),
+                             "packrl, 1-step": lambda: ours.sample(batch, 1, device="cpu"),
+                             "packrl, 3-step": lambda: ours.sample(batch, 3, device="cpu"),
+                             "packrl, prioritized 3-step": lambda: ours_per.sample(batch, 3, device="cpu")},
+                            batch, {"x SB3 1-step": "SB3 ReplayBuffer", "x SB3 3-step": "SB3 NStepReplayBuffer n=3"})
     return memory, speed
 
 
 def main() -> None:
     torch.set_num_threads(1)
     print(machine_line(("stable_baselines3",)))
-    for title, case in (("(a) NetHack-like Dict, 10,912 B", dict_case), ("(b) CartPole, float32 (4,)", cartpole_case)):
+    for title, case, ratios in (("(a) NetHack-like Dict, 10,912 B", dict_case, ["x SB3 (1-step)"]),
+                                ("(b) CartPole, float32 (4,)", cartpole_case, ["x SB3 1-step", "x SB3 n-step (n=3)"])):
         memory, speed = case()
         print_table(f"{title}: bytes per stored step", ["buffer", "bytes/step", "x SB3"], memory)
-        print_table(f"{title}: sampling onto CPU torch tensors (median of 7)", ["buffer, batch", "µs/sample call",
-                                                                                 "samples/s", "x SB3 (1-step)"], speed)
+        print_table(f"{title}: sampling onto CPU torch tensors (median of 9 interleaved rounds)",
+                    ["buffer, batch", "µs/sample call", "samples/s", *ratios], speed)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from gymnasium import spaces
 
 from packrl import envs
 from packrl.emulation import Layout
+from packrl.nativize import nativize
 from packrl.train.replay import ReplayBuffer
 
 SPACE = spaces.Dict({"image": spaces.Box(0, 255, (5, 5, 2), np.uint8), "pos": spaces.Box(-1, 1, (3,), np.float64),
@@ -50,10 +51,19 @@ def test_cpu_samples_are_nativized_views_of_the_gathered_rows(prioritized):
     on_cpu, host = _same_draw(buf, "cpu")
     _assert_equal(on_cpu, host)
     assert on_cpu.observations["dir"].shape == (64,) and on_cpu.observations["image"].shape == (64, 5, 5, 2)
-    storages = {on_cpu.observations[key].untyped_storage().data_ptr() for key in SPACE.spaces}
-    assert len(storages) == 1, "every leaf is a view of one gathered block of rows: nothing copied per leaf"
-    assert on_cpu.observations["count"].untyped_storage().nbytes() == 64 * buf.layout.nbytes
-
+    # the same structure, dtypes and values as packrl.nativize of the same rows
+    rows = torch.from_numpy(buf.observations.reshape(-1, buf.layout.nbytes)[on_cpu.indices])
+    native = nativize(rows, buf.layout)
+    assert list(native) == list(on_cpu.observations)
+    for key in SPACE.spaces:
+        assert native[key].dtype == on_cpu.observations[key].dtype and torch.equal(native[key], on_cpu.observations[key])
+    # zero-copy: each leaf is a strided view of the same gathered rows (row stride nbytes, at its own offset)
+    leaves = {leaf.path[0]: leaf for leaf in buf.layout.leaves}
+    base = on_cpu.observations["image"].data_ptr() - leaves["image"].offset
+    for key in SPACE.spaces:
+        view = on_cpu.observations[key]
+        assert view.data_ptr() - base == leaves[key].offset, key
+        assert view.stride(0) * view.element_size() == buf.layout.nbytes, key
 
 def _copy(x):
     return x.numpy().copy() if isinstance(x, torch.Tensor) else x.copy()

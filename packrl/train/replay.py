@@ -208,14 +208,25 @@ class ReplayBuffer:
         else:
             host["weights"].fill(1.0)
         # mode="clip": the indices come from the index and are in range; "raise" would copy through a temporary
-        observations, actions = self._flat_views()
-        observations.take(flat, axis=0, out=host["observations"], mode="clip")
-        observations.take(next_flat, axis=0, out=host["next_observations"], mode="clip")
-        actions.take(flat, axis=0, out=host["actions"], mode="clip")
-        out = host if device is None else self._to_device(host, device)
+        stored_observations, stored_actions = self._flat_views()
+        stored_observations.take(flat, axis=0, out=host["observations"], mode="clip")
+        stored_observations.take(next_flat, axis=0, out=host["next_observations"], mode="clip")
+        stored_actions.take(flat, axis=0, out=host["actions"], mode="clip")
         stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
-        return NStepBatch(self._native(out["observations"]), out["actions"], out["returns"], out["discounts"],
-                          self._native(out["next_observations"]), out["weights"], steps, rows, flat, stamps)
+        if device is None:
+            out = host
+            observations, next_observations = self._leaves(host["observations"]), self._leaves(host["next_observations"])
+        elif device.type == "cpu":
+            import torch
+
+            out = {name: torch.from_numpy(host[name]) for name in ("actions", "returns", "discounts", "weights")}
+            observations = self._leaves(host["observations"], torch.from_numpy)
+            next_observations = self._leaves(host["next_observations"], torch.from_numpy)
+        else:
+            out = self._to_device(host, device)
+            observations, next_observations = self._native(out["observations"]), self._native(out["next_observations"])
+        return NStepBatch(observations, out["actions"], out["returns"], out["discounts"], next_observations,
+                          out["weights"], steps, rows, flat, stamps)
 
     def _flat_views(self) -> tuple[np.ndarray, np.ndarray]:
         """Observations and actions with (slot, row) as one flat axis (views: the storage is C-contiguous)."""
@@ -224,22 +235,24 @@ class ReplayBuffer:
                 self.actions.reshape(slots, *self.actions.shape[2:]))
 
     def _native(self, rows: Any) -> Any:
+        """Device tensors of rows -> the layout's structure of views, by ``packrl.nativize``."""
         if self.layout is None:
             return rows
-        if isinstance(rows, np.ndarray):
-            return self._native_numpy(rows)
         from packrl.nativize import nativize
 
         return nativize(rows, self.layout)
 
-    def _native_numpy(self, rows: np.ndarray) -> Any:
-        """``layout.unpack``'s structure of views, made here because unpack caches its last rows' views in
-        an object that only the garbage collector frees, which would pin the sample's block."""
-        if rows.dtype != np.uint8 or rows.shape[-1:] != (self.layout.nbytes,):
-            return rows  # a Box observation stored as its own rows (what emulate passes through)
+    def _leaves(self, rows: np.ndarray, wrap: Any = None) -> Any:
+        """Host rows -> the layout's structure of zero-copy views, each passed through ``wrap``
+        (``torch.from_numpy`` for CPU tensors): what ``nativize`` gives, made from numpy views. On CPU that is
+        3-4x faster than nativize's three torch ops per leaf (about 35 against 120 µs for ten leaves), and
+        it avoids ``layout.unpack``, whose cache of the last rows' views would pin the sample's block."""
+        if self.layout is None or rows.dtype != np.uint8 or rows.shape[-1:] != (self.layout.nbytes,):
+            return rows if wrap is None else wrap(rows)  # no layout, or a Box stored as its own rows
         batch = rows.shape[:-1]
-        return self.layout.unflatten([rows[..., leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype)
-                                      .reshape(batch + tuple(leaf.shape)) for leaf in self.layout.leaves])
+        views = [rows[..., leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(batch + tuple(leaf.shape))
+                 for leaf in self.layout.leaves]
+        return self.layout.unflatten(views if wrap is None else [wrap(v) for v in views])
 
     def _host_buffers(self, batch_size: int, cuda: bool) -> dict:
         """Host arrays for one sample: views into one recycled block (numpy, or CPU tensors' own memory), or,
@@ -303,8 +316,6 @@ class ReplayBuffer:
     def _to_device(self, host: dict, device: Any) -> dict:
         import torch
 
-        if device.type == "cpu":
-            return {name: torch.from_numpy(a) for name, a in host.items()}
         if device.type != "cuda":
             return {name: torch.from_numpy(a).to(device) for name, a in host.items()}
         pinned, event = self._pending  # the pinned tensors themselves, which torch knows are page-locked
