@@ -4,7 +4,8 @@ dicts (the default), with gymnasium's SyncVectorEnv (same-step autoreset) as the
 Envs: CartPole-v1 (no infos; an episode end every ~20 steps per env, where the dict form adds final_obs
 and final_info) and ScriptedEnv (a Dict observation, an episode end every 3-6 steps per env, reset infos
 every third episode): the dict form's work grows with the ends and infos per step. Each cell: us per
-vector step, median of --repeats runs of --seconds; "+us" is dict minus list.
+vector step, median of --repeats runs of --seconds, the three measured in turn within each repeat (actions
+0 or 1 for both envs); "+us" is dict minus list.
 Also the conversion alone (packrl.vector.infos.to_dict) for 64 envs with 0, 8 and 64 episode ends.
 
 Usage: python benchmarks/infos.py [--seconds 1] [--repeats 5] [--envs 8]
@@ -32,22 +33,26 @@ from common import machine_line, per_call_us  # noqa: E402
 ENVS = {"CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"), "ScriptedEnv (Dict)": ScriptedEnv}
 
 
-def us_per_step(make, n: int, seconds: float, repeats: int) -> list[float]:
-    env = make()
-    env.reset(seed=0)
+def us_per_step(makers: dict, n: int, seconds: float, repeats: int) -> dict[str, list[float]]:
+    """us per step of each env, measured in turn within each repeat (so a change of load hits all alike)."""
+    envs = {name: make() for name, make in makers.items()}
     rng = np.random.default_rng(0)
-    actions = [rng.integers(0, env.single_action_space.n, n) for _ in range(64)]
-    for k in range(50):
-        env.step(actions[k % 64])
-    samples = []
+    actions = [rng.integers(0, 2, n) for _ in range(64)]
+    for env in envs.values():
+        env.reset(seed=0)
+        for k in range(50):
+            env.step(actions[k % 64])
+    samples: dict[str, list[float]] = {name: [] for name in envs}
     for _ in range(repeats):
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(16):
-                env.step(actions[steps % 64])
-                steps += 1
-        samples.append((time.perf_counter() - start) / steps * 1e6)
-    env.close()
+        for name, env in envs.items():
+            steps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for _ in range(16):
+                    env.step(actions[steps % 64])
+                    steps += 1
+            samples[name].append((time.perf_counter() - start) / steps * 1e6)
+    for env in envs.values():
+        env.close()
     return samples
 
 
@@ -63,12 +68,11 @@ def main() -> None:
     print(f"us per vector step of {n} envs (serial backend), median of {args.repeats} x {args.seconds:g} s (min..max)")
     print(f"{'env':20} {'packrl infos=list':>22} {'packrl infos=dict':>22} {'+us':>6} {'gym Sync SAME_STEP':>22}")
     for name, creator in ENVS.items():
-        cells = {
-            "list": us_per_step(lambda: vector.make(creator, n), n, args.seconds, args.repeats),
-            "dict": us_per_step(lambda: vector.make(creator, n, infos="dict"), n, args.seconds, args.repeats),
-            "sync": us_per_step(lambda: SyncVectorEnv([creator] * n, autoreset_mode=AutoresetMode.SAME_STEP), n,
-                                args.seconds, args.repeats),
-        }
+        cells = us_per_step({
+            "list": lambda: vector.make(creator, n),
+            "dict": lambda: vector.make(creator, n, infos="dict"),
+            "sync": lambda: SyncVectorEnv([creator] * n, autoreset_mode=AutoresetMode.SAME_STEP),
+        }, n, args.seconds, args.repeats)
         med = {k: statistics.median(v) for k, v in cells.items()}
         shown = {k: f"{med[k]:.1f} ({min(v):.1f}..{max(v):.1f})" for k, v in cells.items()}
         print(f"{name:20} {shown['list']:>22} {shown['dict']:>22} {med['dict'] - med['list']:>6.1f} {shown['sync']:>22}")

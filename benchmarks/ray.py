@@ -14,6 +14,13 @@ busy_us=100), with --envs envs on --workers workers:
   also the main process's CPU time per reply (what one learner process spends per actor per step, the
   number that bounds how many actors one learner can feed from).
 
+Then an estimate for a cluster of 4, 16 and 64 env machines (--node-cores cores each, one actor per core,
+--envs-per-actor envs each) feeding --ranks learner ranks on one learner machine (--nic-gbps of network, a
+round trip of --rtt-us between machines: assumptions, not measured here), from the numbers measured above:
+per rank and synchronous step, T = E * t_env + rtt + A * c, where E = envs per actor, t_env = the serial
+backend's time per env step, A = actors per rank and c = the main process's CPU per reply; throughput is
+ranks * A * E / T, capped by the learner machine's network (bytes per env step) and named by what limits it.
+
 Usage: python benchmarks/ray.py [--seconds 1] [--repeats 3] [--envs 8] [--workers 2]
 Ray starts a local cluster of --workers CPUs (about 10 s).
 """
@@ -111,6 +118,11 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--wire-steps", type=int, default=400)
+    parser.add_argument("--node-cores", type=int, default=32)
+    parser.add_argument("--envs-per-actor", type=int, default=64)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--nic-gbps", type=float, default=25.0)
+    parser.add_argument("--rtt-us", type=float, default=100.0)
     args = parser.parse_args()
     n, workers = args.envs, args.workers
     per_worker = n // workers
@@ -124,6 +136,7 @@ def main() -> None:
           f"median of {args.repeats} x {args.seconds:g} s")
     print(f"{'env':17} {'backend':16} {'agent-steps/s':>13} {'min..max':>17} {'us/step':>8} {'x serial':>8} "
           f"{'round trips/step':>16} {'bytes out/step':>14} {'bytes in/step':>13} {'main CPU us/reply':>17}")
+    measured = {}
     for env_name, creator in ENVS.items():
         request, reply = ray_wire(creator, per_worker, args.wire_steps)
         results = {b: timed(b, creator, n, workers, args.seconds, args.repeats) for b in BACKENDS}
@@ -137,10 +150,36 @@ def main() -> None:
             print(f"{env_name:17} {backend:16} {med:>13,.0f} {min(r['rates']):>8,.0f}..{max(r['rates']):<8,.0f} "
                   f"{n / med * 1e6:>8.0f} {med / serial:>8.2f} {trips:>16} {out_bytes:>14,.0f} {in_bytes:>13,.0f} "
                   f"{per_reply:>17}", flush=True)
+        measured[env_name] = {"t_env": n / serial, "c": results["ray"]["cpu_per_step"] / workers,
+                              "bytes": (request + reply) / per_worker}
         print(f"{env_name}: per Ray worker and step {request:,.0f} B out (actions) + {reply:,.0f} B back "
               f"= {(request + reply) / per_worker:,.0f} B per env step; multiprocessing pipes carry infos only "
               "(none here)")
     ray.shutdown()
+    estimate(measured, args)
+
+
+def estimate(measured: dict, args: argparse.Namespace) -> None:
+    """Agent-steps/s of N env machines feeding ``args.ranks`` learner ranks (see the module docstring)."""
+    E, M = args.envs_per_actor, args.ranks
+    nic = args.nic_gbps * 1e9 / 8
+    rtt = args.rtt_us * 1e-6
+    print(f"\nEstimate: {args.node_cores} actors per env machine, {E} envs per actor, {M} learner ranks on one "
+          f"machine with {args.nic_gbps:g} Gb/s, {args.rtt_us:g} us round trip (assumed); t_env, c and bytes "
+          "as measured above")
+    print(f"{'env':17} {'nodes':>5} {'actors/rank':>11} {'env part ms':>11} {'learner part ms':>15} "
+          f"{'steps/s (CPU)':>13} {'network cap':>11} {'estimate':>10}  limited by")
+    for env_name, m in measured.items():
+        for nodes in (4, 16, 64):
+            A = nodes * args.node_cores / M
+            env_part, learner_part = E * m["t_env"] + rtt, A * m["c"]
+            cpu_rate = M * A * E / (env_part + learner_part)
+            cap = nic / m["bytes"]
+            rate = min(cpu_rate, cap)
+            limit = ("the learner's network" if cap < cpu_rate else
+                     "the learners' CPU per reply" if learner_part > env_part else "the envs' CPU")
+            print(f"{env_name:17} {nodes:>5} {A:>11.0f} {env_part * 1e3:>11.1f} {learner_part * 1e3:>15.1f} "
+                  f"{cpu_rate:>13,.0f} {cap:>11,.0f} {rate:>10,.0f}  {limit}")
 
 
 if __name__ == "__main__":

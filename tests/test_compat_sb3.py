@@ -144,6 +144,17 @@ def test_refused_vector_envs():
         as_sb3(vector.make(cartpole, 2, batch_size=1))
     with pytest.raises(UsageError, match="observations='rows'"):
         as_sb3(vector.make(cartpole, 2), observations="leaves")
+    import minigrid  # noqa: F401 - registers the MiniGrid ids
+
+    minigrid_envs = vector.make(lambda: gymnasium.make("MiniGrid-Empty-5x5-v0"), 2)
+    with pytest.raises(UsageError, match="leaf 'mission'.*skip=\\('mission',\\)"):
+        as_sb3(minigrid_envs)
+    with pytest.raises(UsageError, match="no observation leaf \\['colour'\\]"):
+        as_sb3(minigrid_envs, skip=("colour",))
+    env = as_sb3(minigrid_envs, skip=("mission",))
+    assert set(env.observation_space) == {"image", "direction"}
+    assert env.reset()["image"].dtype == np.uint8
+    env.close()
     with pytest.raises(UsageError, match="as_sb3 takes a packrl vector env"):
         as_sb3(gymnasium.make("CartPole-v1"))
 

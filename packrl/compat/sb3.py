@@ -31,17 +31,17 @@ from packrl.vector.infos import RESET_INFO
 OBSERVATIONS = ("rows", "leaves")
 
 
-def as_sb3(venv: Any, observations: str | None = None) -> "PackrlVecEnv":
+def as_sb3(venv: Any, observations: str | None = None, skip: tuple = ()) -> "PackrlVecEnv":
     """``venv`` (from ``packrl.vector.make``; one agent per env, every env stepped at once) as an SB3
     VecEnv. ``observations``: ``"rows"``, ``"leaves"`` or None (rows for a Box observation, leaves
-    otherwise)."""
-    return PackrlVecEnv(venv, observations)
+    otherwise). ``skip``: leaf keys to leave out of the leaves (e.g. MiniGrid's Text ``"mission"``)."""
+    return PackrlVecEnv(venv, observations, skip)
 
 
 class PackrlVecEnv(VecEnv):
     """SB3's ``VecEnv`` interface over a packrl vector env (see the module docstring)."""
 
-    def __init__(self, venv: Any, observations: str | None = None):
+    def __init__(self, venv: Any, observations: str | None = None, skip: tuple = ()):
         _check_vector_env(venv)
         self.venv = venv
         self.layout = venv.emulated.observation
@@ -54,7 +54,9 @@ class PackrlVecEnv(VecEnv):
             raise UsageError("observations='leaves': this env's observation is a Box, so its rows already are the "
                              "observation; use observations='rows'")
         self.observations = observations
-        self._leaves = _sb3_leaves(self.layout) if observations == "leaves" else None
+        if skip and observations != "leaves":
+            raise UsageError(f"skip={skip!r} applies to observations='leaves'")
+        self._leaves = _sb3_leaves(self.layout, tuple(skip)) if observations == "leaves" else None
         space = (spaces.Dict({key: sub for key, (_, sub) in self._leaves.items()}) if self._leaves is not None
                  else venv.single_observation_space)
         self._actions: np.ndarray | None = None
@@ -175,15 +177,21 @@ def _rows_are_the_box(layout: Any) -> bool:
     return len(layout.leaves) == 1 and layout.leaves[0].path == () and isinstance(layout.leaves[0].space, spaces.Box)
 
 
-def _sb3_leaves(layout: Any) -> dict[str, tuple[Any, spaces.Space]]:
+def _sb3_leaves(layout: Any, skip: tuple = ()) -> dict[str, tuple[Any, spaces.Space]]:
     """Leaf name -> (leaf, the space SB3 is shown). A 0-d Box leaf is shown with shape (1,) (SB3
-    flattens from the second axis); leaves SB3 cannot take are refused by name."""
+    flattens from the second axis); leaves SB3 cannot take are refused by name unless skipped."""
+    keys = {"/".join(str(part) for part in leaf.path) or "obs" for leaf in layout.leaves}
+    unknown = sorted(set(skip) - keys)
+    if unknown:
+        raise UsageError(f"skip={list(skip)!r}: no observation leaf {unknown}; the leaves are {sorted(keys)}")
     out = {}
     for leaf in layout.leaves:
         space, key = leaf.space, "/".join(str(part) for part in leaf.path) or "obs"
+        if key in skip:
+            continue
         where = f"observation leaf {key!r} ({space})"
         if leaf.field is not None or isinstance(space, spaces.Text):
-            raise UsageError(f"{where}: SB3 has no Text observations")
+            raise UsageError(f"{where}: SB3 has no Text observations; leave it out with skip=({key!r},)")
         if isinstance(space, spaces.Discrete) and int(space.start) != 0:
             raise UsageError(f"{where}: SB3 one-hots Discrete observations from 0; start={int(space.start)} would be "
                              "read as another value")
