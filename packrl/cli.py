@@ -137,9 +137,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
     """``--train.learning-rate`` -> ``--train.learning_rate``; ``--train.ent_coef -1e-3`` -> ``--train.ent_coef=-1e-3``
     (argparse would read a negative number in exponent form as a flag)."""
     out: list[str] = []
-    for token in argv:
-        if token == "--":
-            out.extend(argv[len(out):])
+    for i, token in enumerate(argv):
+        if token == "--":  # what follows is positional, as it is
+            out.extend(argv[i:])
             break
         if token.startswith("--") and "." in token.partition("=")[0]:
             name, eq, value = token.partition("=")

@@ -232,7 +232,7 @@ class Setting:
         flag = flag or self.flag
         value = _from_text(self, text)
         if value is _BAD:
-            raise ConfigError(f"{flag} {text}: expected {self.expected()} ({self.key})")
+            raise ConfigError(f"{flag} {_show(text)}: expected {self.expected()} ({self.key})")
         return self.check(value, text=text, flag=flag)
 
     def check(self, value: Any, source: str | None = None, text: str | None = None, flag: str | None = None) -> Any:
@@ -241,7 +241,7 @@ class Setting:
 
         def bad(why: str | None = None) -> ConfigError:
             if text is not None:  # a flag
-                return ConfigError(f"{flag or self.flag} {text}: expected {why or self.expected()} ({self.key})")
+                return ConfigError(f"{flag or self.flag} {_show(text)}: expected {why or self.expected()} ({self.key})")
             prefix = f"{source}: " if source else ""
             return ConfigError(f"{prefix}{self.key} = {value!r}: expected {why or self.expected()}")
 
@@ -282,6 +282,11 @@ class Setting:
 
 
 _BAD = object()
+
+
+def _show(text: str) -> str:
+    """A flag's value as typed, quoted when it would not read as one word on one line."""
+    return text if text and text.isprintable() and " " not in text else repr(text)
 
 
 def _from_text(setting: Setting, text: str) -> Any:

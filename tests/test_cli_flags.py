@@ -226,3 +226,47 @@ def test_no_traceback_and_version_in_a_real_process(tmp_path):
                  ["train", "--train.nope", "1"]):
         proc = packrl(*argv)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- property tests of the flag text
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+NUM_ENVS = SETTINGS["vec.num_envs"]
+GAMMA = SETTINGS["train.gamma"]
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.integers(min_value=-10**12, max_value=10**12))
+def test_any_int_text_lands_exactly_or_is_refused_by_range(n):
+    if n >= 1:
+        assert NUM_ENVS.parse(str(n)) == n and type(NUM_ENVS.parse(str(n))) is int
+    else:
+        with pytest.raises(config_settings.ConfigError, match=f"--vec.num_envs {n}: expected an int >= 1"):
+            NUM_ENVS.parse(str(n))
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_any_float_text_is_taken_exactly_within_range_and_refused_outside(x):
+    text = repr(x)
+    if 0 <= x <= 1:
+        assert GAMMA.parse(text) == x
+    else:
+        with pytest.raises(config_settings.ConfigError, match="expected a float in \\[0, 1\\]"):
+            GAMMA.parse(text)
+    if x == x and abs(x) != float("inf") and not float(x).is_integer():
+        with pytest.raises(config_settings.ConfigError, match="expected an int"):
+            NUM_ENVS.parse(text)  # never truncated
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(SETTINGS)), st.text(max_size=20))
+def test_any_text_for_any_setting_is_a_value_or_one_config_error(key, text):
+    setting = SETTINGS[key]
+    try:
+        value = setting.parse(text)
+    except config_settings.ConfigError as err:
+        assert "\n" not in str(err) and setting.key in str(err)
+    else:
+        assert setting.check(value) == value  # what parse gives passes the typed check as it is
