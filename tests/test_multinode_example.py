@@ -17,25 +17,41 @@ ITERATION = re.compile(r"^iteration=(\d+) global_step=(\d+) pg_loss=(\S+) v_loss
 ACTORS = re.compile(r"^rank (\d): 1 actors on nodes \[.*\], pids \[(\d+)\]$", re.M)
 
 
-@pytest.fixture
-def cluster(monkeypatch):
-    import ray
+HEAD = """
+import sys, ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # the cluster lives until the test closes our stdin
+ray.shutdown()
+"""
 
-    # the drivers torchrun starts join with the same token (Ray >= 2.59 authenticates local clusters too)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+@pytest.fixture
+def cluster():
+    """A Ray head in its own process (Ray reads its auth settings when it is imported), with a token of its
+    own that the drivers torchrun starts present too (Ray >= 2.59 authenticates local clusters)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)
     try:
-        yield ray.get_runtime_context().gcs_address
+        address = head.stdout.readline().strip()
+        assert address, "the Ray head did not start"
+        yield address, env
     finally:
-        ray.shutdown()
+        head.stdin.close()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
 
 
 def test_torchrun_learners_with_ray_env_workers(cluster):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    address, cluster_env = cluster
+    env = {**cluster_env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     torchrun = Path(sys.executable).with_name("torchrun")
     done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2",
-                           str(ROOT / "examples" / "multinode_ppo.py"), "--ray-address", cluster, "--num-envs", "4",
+                           str(ROOT / "examples" / "multinode_ppo.py"), "--ray-address", address, "--num-envs", "4",
                            "--num-workers", "1", "--total-steps", "1024", "--num-steps", "64"],
                           capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
