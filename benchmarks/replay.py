@@ -4,7 +4,8 @@ against stable-baselines3's ReplayBuffer (plain, memory-optimized, n-step) and D
 Data: (a) the NetHack-like Dict observation (ten leaves, 10,912 bytes packed; benchmarks/common.py), 8 envs,
 8,000 transitions, episodes ending with probability 1/100 per step (half terminated, half truncated);
 (b) packrl's Numba CartPole (float32 (4,), random actions, real terminations and 500-step truncations),
-8 envs, 100,000 transitions. Each buffer is filled with the same stream until it has wrapped, then timed
+8 envs, 100,000 transitions; (c) packrl alone, 8,000 to 800,000 slots, episode ends at 1% or 50% of steps.
+Each buffer is filled with the same stream until it has wrapped, then timed
 sampling a batch onto CPU torch tensors (SB3: ``buffer.sample(B)``; packrl: ``sample(B, n, device="cpu")``,
 observations nativized to the space's leaves). Bytes per stored step: every array the buffer allocates,
 divided by the env steps it holds (packrl also stores one final observation per ended episode, counted).
@@ -190,6 +191,26 @@ def cartpole_case() -> tuple[list, list]:
     return memory, speed
 
 
+def scaling_case() -> list:
+    """µs per uniform 3-step sample of 256 as the buffer grows and as episodes end more often: the index pass
+    is per sample, so only the memory hierarchy (random rows of a larger buffer miss the caches more) and
+    the shorter n-step walks near ends should show."""
+    rows_out = []
+    for slots in (8_000, 80_000, 800_000):
+        for p_end in (0.01, 0.5):
+            rng = np.random.default_rng(0)
+            buf = ReplayBuffer(slots // NUM_ENVS, NUM_ENVS, (4,), np.float32, gamma=GAMMA, seed=0)
+            obs = rng.normal(size=(64, NUM_ENVS, 4)).astype(np.float32)
+            actions, rewards = np.zeros(NUM_ENVS, np.int64), np.ones(NUM_ENVS, np.float32)
+            ends = rng.random((64, NUM_ENVS)) < p_end
+            while buf.count.min() < buf.capacity:
+                for t in range(64):
+                    buf.add(obs[t], actions, rewards, ends[t], np.zeros(NUM_ENVS, bool), obs[t])
+            us = interleaved_us({"sample": lambda: buf.sample(256, 3, device="cpu")}, repeats=5)["sample"]
+            rows_out.append([f"{slots:,} slots, episode end p={p_end}", buf.transitions, us])
+    return rows_out
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(machine_line(("stable_baselines3",)))
@@ -199,6 +220,8 @@ def main() -> None:
         print_table(f"{title}: bytes per stored step", ["buffer", "bytes/step", "x SB3"], memory)
         print_table(f"{title}: sampling onto CPU torch tensors (median of 9 interleaved rounds)",
                     ["buffer, batch", "µs/sample call", "samples/s", *ratios], speed)
+    print_table("(c) packrl uniform 3-step sample of 256 as the buffer grows and episodes end more often",
+                ["buffer", "transitions held", "µs/sample call"], scaling_case())
 
 
 if __name__ == "__main__":

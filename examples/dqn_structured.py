@@ -7,10 +7,12 @@ direction, a MultiDiscrete([4, 2]) action that this example treats as 8 joint ac
 24-step truncations. A random policy scores about RANDOM_RETURN = 0.09; a policy scoring LEARNED_THRESHOLD =
 0.8 walks to the goal.
 
-    python examples/dqn_structured.py [--total-steps 30000] [--seed 0] [--prioritized] [--device cuda]
+    python examples/dqn_structured.py [--total-steps 15000] [--seed 0] [--prioritized] [--device cpu]
 
-Measured (see README, "Replay"): the greedy policy passes 0.8 within 30,000 env steps (about 1-2 minutes on
-one CPU core), for each of seeds 0, 1, 2.
+Measured on the project's 2-core machine (greedy return of 64 evaluation episodes every 2,500 env steps):
+for seeds 0, 1, 2, uniform and prioritized, 0.24-0.43 at 2,500 steps, 1.26-1.28 at 5,000 (threshold 0.8
+passed; the shortest-path policy scores about 1.30), 1.25-1.26 at 15,000; a 15,000-step run takes 5-6 s
+uniform, 10-18 s prioritized, on one torch thread. The exit status is 0 when the final score passes 0.8.
 """
 from __future__ import annotations
 
