@@ -150,7 +150,7 @@ def main() -> None:
             print(f"{env_name:17} {backend:16} {med:>13,.0f} {min(r['rates']):>8,.0f}..{max(r['rates']):<8,.0f} "
                   f"{n / med * 1e6:>8.0f} {med / serial:>8.2f} {trips:>16} {out_bytes:>14,.0f} {in_bytes:>13,.0f} "
                   f"{per_reply:>17}", flush=True)
-        measured[env_name] = {"t_env": n / serial, "c": results["ray"]["cpu_per_step"] / workers,
+        measured[env_name] = {"t_env": 1 / serial, "c": results["ray"]["cpu_per_step"] / workers,
                               "bytes": (request + reply) / per_worker}
         print(f"{env_name}: per Ray worker and step {request:,.0f} B out (actions) + {reply:,.0f} B back "
               f"= {(request + reply) / per_worker:,.0f} B per env step; multiprocessing pipes carry infos only "
