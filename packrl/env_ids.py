@@ -32,6 +32,7 @@ NAMESPACES: dict[str, tuple[str, str]] = {
     "NetHack": ("nle", "nle"),
 }
 PETTINGZOO_PACKAGES = ("pettingzoo", "mpe2", "magent2")
+SUGGEST_FROM = ("minigrid",)  # imported (when installed) to suggest its ids: cheap, and the namespace most mistyped
 ID_FORMS = ("a packrl env, a registered gymnasium id, module:EnvId, a pettingzoo.* module path "
             "or module:function")
 
@@ -177,7 +178,7 @@ def _registered_ids() -> list[str]:
 
     from packrl import envs as packrl_envs
 
-    for module in {"minigrid"}:  # cheap to import, and the namespace users mistype most
+    for module in SUGGEST_FROM:
         try:
             importlib.import_module(module)
         except ImportError:
