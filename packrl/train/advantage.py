@@ -27,7 +27,7 @@ import numba
 import numpy as np
 import torch
 
-__all__ = ["compute_advantages", "reference_advantages", "advantages_numba", "advantages_cuda"]
+__all__ = ["compute_advantages", "reference_advantages", "advantages_numba", "advantages_cuda", "cut_pending_decisions"]
 
 
 def reference_advantages(values: Any, rewards: Any, terminals: Any, truncations: Any, final_values: Any,
@@ -180,6 +180,33 @@ def compute_advantages(values: Any, rewards: Any, terminals: Any, truncations: A
         host = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
         return torch.from_numpy(advantages_numba(*host))
     return advantages_numba(*args)
+
+
+def cut_pending_decisions(values: torch.Tensor, rewards: torch.Tensor, terminals: torch.Tensor,
+                          truncations: torch.Tensor, masks: torch.Tensor, next_value: torch.Tensor,
+                          next_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Turn-based bootstrapping: ``(masks, rewards, next_value)`` for the advantages of a rollout whose rows
+    may be waiting when it ends.
+
+    A row that does not act on the observation after the rollout (``next_masks`` false: an AEC agent waiting
+    for its turn, a Parallel agent absent) holds a zero row there, and V(zero row) is not the value of its
+    state. If its episode has not ended since its last decision in the rollout, that decision's outcome is
+    not known yet: it is left out (masked, its rewards zeroed) and the row bootstraps from the value of the
+    observation it acted on there, the observation that follows its previous decision. Its earlier
+    decisions then get the plain GAE of a rollout that ended at that step. Rows that act after the rollout,
+    or whose episode ended, are unchanged (single-agent rollouts: no change at all)."""
+    if bool(next_masks.all()):
+        return masks, rewards, next_value
+    T, N = masks.shape
+    steps = torch.arange(T, device=masks.device)
+    acted = masks.any(0)
+    last = torch.where(masks, steps[:, None], -1).amax(0).clamp(min=0)  # each row's last decision
+    ended = terminals | truncations
+    ended_since = torch.flip(torch.cummax(torch.flip(ended.int(), (0,)), 0).values, (0,)).bool()  # an end at >= t
+    pending = ~next_masks & acted & ~ended_since.gather(0, last[None]).squeeze(0)
+    cut = pending[None, :] & (steps[:, None] >= last[None, :])
+    bootstrap = values.gather(0, last[None]).squeeze(0)
+    return masks & ~cut, torch.where(cut, 0.0, rewards), torch.where(pending, bootstrap, next_value)
 
 
 def _check_shapes(values: Any, rewards: Any, terminals: Any, truncations: Any, final_values: Any,

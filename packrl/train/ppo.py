@@ -4,7 +4,8 @@ One iteration: collect ``num_steps`` steps from every row of the vector env into
 training device, compute advantages that know termination from truncation (``advantage.py``), then
 ``update_epochs`` passes of minibatches over (segment, time) slices with the clipped policy and value
 losses. Rows that are masked (dead or absent agents, AEC agents waiting for their turn) contribute
-nothing to any loss or statistic. With ``torch.distributed`` initialised (``torchrun``), every rank
+nothing to any loss or statistic. A row that waits for its turn when the rollout ends (AEC) bootstraps
+from its own last decision's observation, never from its zero row (``cut_pending_decisions``). With ``torch.distributed`` initialised (``torchrun``), every rank
 steps its own envs and gradients are averaged across ranks before each optimizer step.
 
 Steps are agent steps: rows that acted (an AEC env adds one per turn, a Parallel env one per live agent).
@@ -27,7 +28,7 @@ from torch import nn
 
 from packrl.errors import PackrlError
 from packrl.nativize import torch_dtype
-from packrl.train.advantage import compute_advantages
+from packrl.train.advantage import compute_advantages, cut_pending_decisions
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -281,6 +282,10 @@ class PPO:
         with self._autocast():
             _, next_value, _ = self.forward_eval(self._slots["obs"][T], self.state, self._slots["start"][T])
         self.next_value = next_value.float().reshape(-1)
+        # rows waiting for their turn after the rollout: their pending decision waits for the next rollout's data
+        self.train_masks, self.train_rewards, self.bootstrap_value = cut_pending_decisions(
+            self.values, self.rewards, self.terminals, self.truncations, self.masks, self.next_value,
+            self._slots["mask"][T])
         self._check_env_values()
         acted = int(self.masks.sum())
         acted = _all_sum(acted, self.device) if self.world > 1 else acted
@@ -348,13 +353,15 @@ class PPO:
     # ------------------------------------------------------------------ advantages
 
     def advantages(self, ratios: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, value targets), both 0 on masked rows so nothing they hold reaches a gradient."""
+        """(advantages, value targets), both 0 on rows left out of training (``train_masks``: masked rows,
+        and the pending last decision of a row waiting for its turn, ``cut_pending_decisions``) so nothing
+        they hold reaches a gradient."""
         cfg = self.config
         terminals = self.terminals if cfg.bootstrap_truncation else self.terminals | self.truncations
         advantages = compute_advantages(
-            self.values, self.rewards, terminals, self.truncations, self.final_values, self.next_value,
-            self.masks, cfg.gamma, cfg.gae_lambda, ratios, cfg.rho_clip, cfg.c_clip).to(self.device)
-        return advantages, torch.where(self.masks, advantages + self.values, 0.0)
+            self.values, self.train_rewards, terminals, self.truncations, self.final_values, self.bootstrap_value,
+            self.train_masks, cfg.gamma, cfg.gae_lambda, ratios, cfg.rho_clip, cfg.c_clip).to(self.device)
+        return advantages, torch.where(self.train_masks, advantages + self.values, 0.0)
 
     # ------------------------------------------------------------------ update
 
@@ -367,9 +374,10 @@ class PPO:
         cfg = self.config
         start_time = time.perf_counter()
         advantages, returns = self.advantages()
-        b_obs, b_masks, b_starts = self._segments(self.obs), self._segments(self.masks), self._segments(self.starts)
-        b_logprobs = self._segments(torch.where(self.masks, self.logprobs, 0.0))
-        b_values = self._segments(torch.where(self.masks, self.values, 0.0))
+        masks = self.train_masks
+        b_obs, b_masks, b_starts = self._segments(self.obs), self._segments(masks), self._segments(self.starts)
+        b_logprobs = self._segments(torch.where(masks, self.logprobs, 0.0))
+        b_values = self._segments(torch.where(masks, self.values, 0.0))
         b_actions = ({k: self._segments(v) for k, v in self.actions.items()} if isinstance(self.actions, dict)
                      else self._segments(self.actions))
         b_states = tuple(torch.stack(parts).reshape(-1, *parts[0].shape[1:]) for parts in zip(*self.segment_states))
@@ -378,7 +386,7 @@ class PPO:
 
         # With no masked row in the rollout (single-agent envs), masked means are plain means: one host
         # sync here saves a where and a division in every mean of every minibatch.
-        all_acting = bool(self.masks.all())
+        all_acting = bool(masks.all())
         # Statistics stay tensors until the end: one host sync per update, not one per minibatch.
         stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy", "grad_norm")}
         positions: list[tuple[int, int]] = []  # (epoch, minibatch) of each entry of stats
@@ -470,7 +478,7 @@ class PPO:
         out.update(_kl_statistics(kl_parts, cfg.clip_coef))
         out["all_finite"] = torch.isfinite(torch.cat([v.float() for v in (*per_minibatch.values(), parameter_norms)])).all()
         out = {k: v.item() for k, v in out.items()}
-        out["explained_variance"] = _explained_variance(self.values, returns, self.masks)
+        out["explained_variance"] = _explained_variance(self.values, returns, masks)
         out["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         out["update_seconds"] = time.perf_counter() - start_time
         if not out.pop("all_finite"):
