@@ -88,6 +88,7 @@ def test_refuses_input_it_would_have_to_cast_or_guess():
     for field, bad, words in [("observations", np.zeros((2, 3), np.float32), "observations must be uint8"),
                               ("observations", np.zeros((3, 3), np.uint8), "observations must be uint8 \\(2, 3\\)"),
                               ("actions", np.zeros(2, np.float64), "actions must be int64"),
+                              ("actions", np.zeros(2, np.uint64), "actions must be int64"),
                               ("terminals", np.zeros(2, np.float32), "terminals must be bool"),
                               ("rewards", np.zeros(3, np.float32), "rewards must have shape \\(2,\\)")]:
         with pytest.raises(UsageError, match=words):

@@ -134,11 +134,12 @@ class ReplayBuffer:
     def add(self, observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminals: np.ndarray,
             truncations: np.ndarray, final_observations: np.ndarray, masks: np.ndarray | None = None) -> None:
         """One vector-env step: ``observations`` the actions were taken at, then what the step returned
-        (``final_observations`` is read only at rows whose episode ended). Masked rows (absent agents) write
-        nothing."""
+        (``final_observations`` is read only at rows whose episode ended). Observations must be the stored
+        dtype and actions must cast to it without loss; rewards are stored as float32. Masked rows (absent
+        agents) write nothing."""
         observations = self._checked_observations("observations", observations)
         actions = np.asarray(actions)
-        if actions.shape != (self.num_rows, *self.actions.shape[2:]) or not np.can_cast(actions.dtype, self.actions.dtype, "same_kind"):
+        if actions.shape != (self.num_rows, *self.actions.shape[2:]) or not np.can_cast(actions.dtype, self.actions.dtype, "safe"):
             raise UsageError(f"ReplayBuffer.add: actions must be {self.actions.dtype} {(self.num_rows, *self.actions.shape[2:])}, "
                              f"got {actions.dtype} {actions.shape}")
         rewards, terminals, truncations = (self._checked_flags(name, value, dtype) for name, value, dtype in
