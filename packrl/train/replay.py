@@ -289,7 +289,7 @@ class ReplayBuffer:
         sample of 256 rows of 11 KB is 2 x 2.8 MB)."""
         pool = self._blocks.setdefault(nbytes, [])
         for i in range(len(pool)):
-            if sys.getrefcount(pool[i]) == 2:  # the pool's own reference and getrefcount's argument
+            if sys.getrefcount(pool[i]) == UNREFERENCED:
                 return pool[i]
         block = np.empty(nbytes, np.uint8)
         if len(pool) < BLOCK_POOL:
@@ -372,6 +372,17 @@ class ReplayBuffer:
         from packrl.train.replay_store import load_buffer
 
         return load_buffer(cls, path)
+
+
+def _unreferenced() -> int:
+    """What ``sys.getrefcount(pool[i])`` reads for an array that only its pool holds (2 on CPython 3.10-3.13:
+    the list's reference and the argument's), measured the same way, not assumed, for interpreters that
+    count differently."""
+    pool, i = [np.empty(0, np.uint8)], 0
+    return sys.getrefcount(pool[i])
+
+
+UNREFERENCED = _unreferenced()
 
 
 def _count(name: str, value: Any, least: int) -> int:
