@@ -91,12 +91,14 @@ class GymnasiumEmulation:
         if native is None:
             native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
-        # the common case inline; anything else is checked (and converted or refused) by step_checks
-        if (type(reward) is not float and type(reward) is not int) or not -F32_MAX <= reward <= F32_MAX:
+        # the common case inline, in the cheapest tests there are (the bounds are F32_MAX, as literals: no
+        # global lookups); anything else is checked, and converted or refused, by step_checks
+        if (type(reward) is not float and type(reward) is not int) \
+                or not -3.4028234663852886e+38 <= reward <= 3.4028234663852886e+38:
             reward = checked_reward(reward, self.env, self.finite_rewards, hint=MULTI_AGENT_HINT)
-        if type(terminated) is not bool:
+        if terminated is not False and terminated is not True:
             terminated = checked_flag(terminated, "terminated", self.env, hint=MULTI_AGENT_HINT)
-        if type(truncated) is not bool:
+        if truncated is not False and truncated is not True:
             truncated = checked_flag(truncated, "truncated", self.env, hint=MULTI_AGENT_HINT)
         if self.passthrough:
             self._write(obs)
@@ -170,7 +172,7 @@ def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tu
     """The rewards and flags of a block step, checked as ``step`` checks them (one pass over the
     common case; an error carries the position of the env that returned the value)."""
     if all([(type(r) is float or type(r) is int) and -F32_MAX <= r <= F32_MAX for r in rewards]) and \
-            all([type(t) is bool for t in terminals]) and all([type(t) is bool for t in truncations]):
+            all([t is False or t is True for t in terminals]) and all([t is False or t is True for t in truncations]):
         return rewards, terminals, truncations
     checked = ([], [], [])
     for k, (env, reward, terminated, truncated) in enumerate(zip(envs, rewards, terminals, truncations)):

@@ -108,9 +108,9 @@ class _AgentRows:
 
     def _flags(self, agent: Any, terminated: Any, truncated: Any) -> tuple[bool, bool]:
         """One agent's end flags, checked."""
-        if type(terminated) is not bool:
+        if terminated is not False and terminated is not True:
             terminated = checked_flag(terminated, "terminated", self.env, who=f", agent {agent!r}")
-        if type(truncated) is not bool:
+        if truncated is not False and truncated is not True:
             truncated = checked_flag(truncated, "truncated", self.env, who=f", agent {agent!r}")
         return terminated, truncated
 
