@@ -7,6 +7,7 @@ import sys
 import gymnasium
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import ClipReward, NormalizeReward, RecordEpisodeStatistics
 
@@ -201,3 +202,69 @@ def test_the_numba_backend_says_why_there_are_no_env_objects():
                  lambda: env.call("x")):
         with pytest.raises(UsageError, match="rows of one compiled state"):
             call()
+
+
+class _GymnasiumInfos(gymnasium.vector.VectorEnv):
+    """gymnasium's own VectorEnv._add_info, on a vector env of n envs that does nothing else."""
+
+    def __init__(self, n):
+        self.num_envs = n
+
+
+def _reference(infos, ended, rows):
+    """What SyncVectorEnv (same-step autoreset) builds from the same per-env step and reset infos."""
+    ref, out = _GymnasiumInfos(len(infos)), {}
+    for i, info in enumerate(infos):
+        if ended[i]:
+            info = dict(info)
+            reset_info = info.pop("reset_info", {})
+            out = ref._add_info(out, {"final_obs": rows[i], "final_info": info}, i)
+            info = reset_info
+        out = ref._add_info(out, info, i)
+    return out
+
+
+def _assert_same_tree(ours, theirs, where="infos"):
+    assert set(ours) == set(theirs), f"{where}: {sorted(ours)} != {sorted(theirs)}"
+    for key, value in theirs.items():
+        if isinstance(value, dict):
+            _assert_same_tree(ours[key], value, f"{where}/{key}")
+        else:
+            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, (where, key)
+            for a, b in zip(ours[key].tolist(), value.tolist()):
+                assert np.array_equal(a, b) if isinstance(b, (list, np.ndarray)) else a == b, (where, key, a, b)
+
+
+# each key keeps one kind of value across envs (gymnasium types a key's array by the first env giving it)
+_scalar_info = st.fixed_dictionaries({}, optional={
+    "n": st.integers(-5, 5), "x": st.floats(-2, 2), "flag": st.booleans(), "s": st.text(max_size=3),
+    "arr": st.integers(-9, 9).map(lambda v: np.array([v, -v], np.int32))})
+_info = st.builds(lambda top, nested: {**top, **({"episode": nested} if nested is not None else {})},
+                  _scalar_info, st.none() | _scalar_info)
+
+
+@given(st.lists(st.tuples(_info, st.booleans(), _info), min_size=1, max_size=6))
+def test_to_dict_is_what_gymnasium_builds(envs):
+    """Any per-env step infos, episode ends and reset infos: packrl's to_dict equals gymnasium's own
+    _add_info run env by env as SyncVectorEnv does in same-step mode (keys, masks, dtypes, values)."""
+    from packrl.vector.infos import to_dict
+
+    infos = [{**step, "reset_info": reset} if done and reset else step for step, done, reset in envs]
+    ended = np.array([done for _, done, _ in envs])
+    rows = np.arange(len(envs) * 3, dtype=np.uint8).reshape(len(envs), 3)
+    _assert_same_tree(to_dict(infos, ended, rows), _reference(infos, ended, rows))
+
+
+@pytest.mark.parametrize("first, second", [
+    ({"a": {}}, {"a": 0}),            # gymnasium: stores 0 under dict key 1
+    ({"a": np.zeros(2)}, {"a": {}}),  # gymnasium: keeps the array, drops the dict
+    ({"a": 1}, {"a": 1.5}),           # gymnasium: stores 1 (truncated)
+    ({"a": False}, {"a": 3}),         # gymnasium: stores True
+    ({"a": 1}, {"a": "x"}),           # gymnasium: ValueError from numpy
+])
+def test_to_dict_refuses_values_that_do_not_fit_by_key_and_env(first, second):
+    """Where gymnasium's rule would fail, or store a value changed or not at all, packrl names the key and env."""
+    from packrl.vector.infos import to_dict
+
+    with pytest.raises(EnvError, match="info key 'a' of env 1 is .* does not fit"):
+        to_dict([first, second])

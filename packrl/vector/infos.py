@@ -58,21 +58,54 @@ def add_info(vector_infos: dict, info: dict, i: int, n: int) -> dict:
             array = vector_infos["final_obs"] if "final_obs" in vector_infos else np.full(n, None, dtype=object)
             array[i] = value
         elif isinstance(value, dict):
+            if not isinstance(vector_infos.get(key, {}), dict):
+                raise _mismatch(key, value, i, vector_infos[key])
             array = add_info(vector_infos.get(key, {}), value, i, n)
         else:
             if key in vector_infos:
                 array = vector_infos[key]
+                if isinstance(array, dict):
+                    raise _mismatch(key, value, i, array)
             elif type(value) in (int, float, bool) or issubclass(type(value), np.number):
                 array = np.zeros(n, dtype=type(value))
             elif isinstance(value, np.ndarray):
                 array = np.zeros((n, *value.shape), dtype=value.dtype)
             else:
                 array = np.full(n, None, dtype=object)
-            array[i] = value
+            if _narrows(value, array):
+                raise _mismatch(key, value, i, array)
+            try:
+                array[i] = value
+            except (TypeError, ValueError) as err:
+                raise _mismatch(key, value, i, array) from err
         mask = vector_infos.get(f"_{key}", np.zeros(n, dtype=np.bool_))
         mask[i] = True
         vector_infos[key], vector_infos[f"_{key}"] = array, mask
     return vector_infos
+
+
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def _narrows(value: Any, array: np.ndarray) -> bool:
+    """Would storing ``value`` in ``array`` lose it silently (a float in an int array, an int in a bool one)?
+    gymnasium stores it truncated; packrl refuses."""
+    have = _KIND_RANK.get(array.dtype.kind)
+    if have is None:
+        return False
+    got = _KIND_RANK.get(np.asarray(value).dtype.kind)
+    return got is not None and got > have
+
+
+def _mismatch(key: Any, value: Any, i: int, existing: Any) -> Exception:
+    """An env's info value that cannot join what earlier envs gave under the same key (gymnasium's rule
+    types a key's array by the first env that gives it)."""
+    from packrl.errors import EnvError
+
+    made = "a dict" if isinstance(existing, dict) else f"a {existing.dtype} array of shape {existing.shape}"
+    return EnvError(f"infos='dict': info key {key!r} of env {i} is {value!r} ({type(value).__name__}), which does not "
+                    f"fit {made} made from an earlier env's value under that key; give every env the same kind of "
+                    "value per key, or use infos='list'")
 
 
 def check_form(infos: Any) -> str:
