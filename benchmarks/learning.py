@@ -1,0 +1,228 @@
+"""Steps and wall time to threshold with `packrl train`'s defaults, against SB3's rl-zoo PPO.
+
+Each packrl run is what `packrl train ENV --seed S` trains: the config comes from `packrl.config.resolve`
+(defaults < the env id's preset), the env, policy and PPO are built as the session builds them. The
+threshold is met at the first iteration whose last 20 finished training episodes average it (gridworld:
+the last 200, its 32 envs end dozens of short episodes per iteration), within the
+step budget; the first crossing gives the steps and seconds to threshold, and the run goes on to the
+budget, whose policy then plays a 20-episode greedy evaluation (does it stay solved?). SB3 PPO runs with
+rl-baselines3-zoo's CartPole-v1 hyperparameters (hyperparams/ppo.yml) on 8 gymnasium envs and meets the threshold on the
+same rule, to the same budget. Every contender uses one torch thread (`torch.set_num_threads(1)`) and runs alone, one after
+the other, in this process.
+
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/learning.py [--quick] [--seeds 3] [--tasks cartpole-gym,...]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common import machine_line, print_table
+
+TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
+    "cartpole-gym": ("CartPole-v1", 475.0, 100_000, 20),
+    # gridworld episodes are short and 32 envs finish dozens per iteration: 20 of them are one lucky batch
+    "gridworld": ("gridworld", 0.8, 100_000, 200),
+    "cartpole-numba": ("cartpole", 475.0, 100_000, 20),
+}
+
+
+@dataclass
+class Result:
+    steps: int | None  # agent steps when the threshold was first met (None: not within the budget)
+    seconds: float | None
+    last_mean: float  # moving training mean at the end of the budget
+    eval_mean: float  # 20-episode greedy evaluation at the end of the budget
+    total_steps: int
+
+
+def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int, changes: dict) -> Result:
+    """`packrl train ENV_ID --seed SEED --total-steps BUDGET`, noting when it first meets the threshold;
+    ``changes`` ({section: {key: value}}, from --set) go on top of the preset, as flags would."""
+    from packrl import config as settings
+    from packrl import vector
+    from packrl.train.evaluate import evaluate
+    from packrl.train.ppo import PPO, EpisodeTracker, seed_everything
+    from packrl.train.run import make_policy, make_vecenv, ppo_config
+
+    flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
+    for section, values in changes.items():
+        flags.setdefault(section, {}).update(values)
+    config, _ = settings.resolve(flags=flags)
+    cfg = ppo_config(config)
+    seed_everything(cfg.seed)
+    start = time.perf_counter()
+    vecenv = make_vecenv(config, seed=cfg.seed)
+    policy = make_policy(vecenv, config["policy"])
+    ppo = PPO(vecenv, policy, cfg)
+    window: deque = deque(maxlen=window_size)
+
+    class Recording(EpisodeTracker):
+        def pop(self) -> dict:
+            window.extend(r for r, _, _ in self.finished)
+            return super().pop()
+
+    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+    hit: list = []
+
+    def callback(stats: dict) -> None:
+        if not hit and len(window) == window_size and np.mean(window) >= threshold:
+            hit.append((stats["global_step"], time.perf_counter() - start))
+
+    ppo.train(budget, callback)
+    vecenv.close()
+    eval_env = vector.make(env_id, 20, backend="numba", seed=10_000) if env_id in ("cartpole", "gridworld") \
+        else vector.make(lambda: __import__("gymnasium").make(env_id), 20, seed=10_000)
+    returns = evaluate(policy, eval_env, episodes=20)
+    eval_env.close()
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(np.mean(returns)),
+                  ppo.global_step)
+
+
+def tictactoe_run(seed: int, threshold: float, budget: int, every: int = 50_000) -> Result:
+    """`packrl train pettingzoo.classic.tictactoe_v3 --seed SEED` (self-play, the pettingzoo-classic preset):
+    every ``every`` agent steps the greedy policy plays 200 games against a uniformly random legal opponent
+    (seats alternating, packrl.train.versus); the threshold is win + draw."""
+    from pettingzoo.classic import tictactoe_v3
+
+    from packrl import config as settings
+    from packrl.train.ppo import PPO, seed_everything
+    from packrl.train.run import make_policy, make_vecenv, ppo_config
+    from packrl.train.versus import versus_random
+
+    env_id = "pettingzoo.classic.tictactoe_v3"
+    config, _ = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}})
+    cfg = ppo_config(config)
+    seed_everything(cfg.seed)
+    start = time.perf_counter()
+    vecenv = make_vecenv(config, seed=cfg.seed)
+    policy = make_policy(vecenv, config["policy"])
+    ppo = PPO(vecenv, policy, cfg)
+    hit: list = []
+    checks: list = []
+    due, checking = [every], [0.0]  # seconds spent in the checks, left out of the training time
+
+    def callback(stats: dict) -> None:
+        if stats["global_step"] >= due[0]:
+            due[0] += every
+            paused = time.perf_counter()
+            trained_for = paused - start - checking[0]
+            rates = versus_random(policy, tictactoe_v3.env, games=200, seed=123, greedy=True)
+            checks.append(rates["win"] + rates["draw"])
+            checking[0] += time.perf_counter() - paused
+            print(f"    tictactoe seed {seed} at {stats['global_step']}: win {rates['win']:.3f} draw "
+                  f"{rates['draw']:.3f} loss {rates['loss']:.3f}", flush=True)
+            if not hit and checks[-1] >= threshold:  # the check's own time is not training time
+                hit.append((stats["global_step"], trained_for))
+
+    ppo.train(budget, callback)
+    vecenv.close()
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, checks[-1], checks[-1], ppo.global_step)
+
+
+def sb3_run(seed: int, threshold: float, budget: int) -> Result:
+    """SB3 PPO, rl-zoo's CartPole-v1: 8 envs, n_steps 32, batch 256, gae_lambda 0.8, gamma 0.98, 20 epochs,
+    ent_coef 0, learning rate and clip range linear from 1e-3 and 0.2."""
+    import gymnasium as gym
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    start = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    linear = lambda v: (lambda progress: progress * v)  # noqa: E731 - rl-zoo's lin_ schedule
+    model = SB3PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                   ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu")
+    window: deque = deque(maxlen=20)
+    hit: list = []
+
+    class Stop(BaseCallback):
+        def _on_step(self) -> bool:
+            window.extend(info["episode"]["r"] for info in self.locals["infos"] if "episode" in info)
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if not hit and len(window) == 20 and np.mean(window) >= threshold:
+                hit.append((self.num_timesteps, time.perf_counter() - start))
+
+    stop = Stop()
+    model.learn(budget, callback=stop)
+    eval_env = Monitor(gym.make("CartPole-v1"))
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=True)
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, float(np.mean(window)), float(mean), int(model.num_timesteps))
+
+
+def summary(values: list) -> str:
+    found = [v for v in values if v is not None]
+    if not found:
+        return "none"
+    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")  # noqa: E731
+    return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]" + (f" ({len(found)}/{len(values)})" if len(found) < len(values) else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--tasks", default=",".join(TASKS) + ",sb3-cartpole",
+                        help="also: tictactoe (about 2-3 minutes a seed, so not in the default set)")
+    parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting on top of the presets of the packrl tasks (a sweep), e.g. train.vf_coef=1.0")
+    args = parser.parse_args()
+    from packrl.train.run import parse_value
+
+    changes: dict = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        changes.setdefault(section, {})[name] = parse_value(value)
+    torch.set_num_threads(1)
+    seeds = range(2 if args.quick else args.seeds)
+    scale = 0.5 if args.quick else 1.0
+    print(machine_line(("stable_baselines3",)))
+    print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
+          "20 finished training episodes (gridworld: 200) >= threshold; each run goes on to its budget; final = "
+          "the moving mean and a 20-episode greedy eval at the budget\n")
+    rows, medians = [], {}
+    for task in args.tasks.split(","):
+        if task == "tictactoe":
+            name, threshold, budget = "packrl defaults, tictactoe (win+draw)", 0.9, int(200_000 * scale)
+            results = [tictactoe_run(seed, threshold, budget) for seed in seeds]
+        elif task == "sb3-cartpole":
+            name, threshold, budget = "SB3 zoo, CartPole-v1", 475.0, int(100_000 * scale)
+            results = [sb3_run(seed, threshold, budget) for seed in seeds]
+        else:
+            env_id, threshold, budget, window = TASKS[task]
+            budget = int(budget * scale)
+            name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set)
+            results = [packrl_run(env_id, seed, threshold, budget, window, changes) for seed in seeds]
+        for seed, r in zip(seeds, results):
+            print(f"  {name} seed {seed}: steps {r.steps}, seconds {r.seconds and round(r.seconds, 2)}, "
+                  f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}", flush=True)
+        solved = sum(r.steps is not None for r in results)
+        medians[task] = statistics.median([r.seconds for r in results if r.seconds is not None] or [float("nan")])
+        rows.append([name, f">= {threshold:g} in {budget:,}", f"{solved}/{len(results)}",
+                     summary([r.steps for r in results]), summary([r.seconds for r in results]),
+                     summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])])
+    print_table("Steps and seconds to threshold: median [min-max]", ["contender", "threshold", "solved", "steps",
+                "seconds", "final moving mean", "final eval"], rows)
+    base = medians.get("sb3-cartpole")
+    if base and np.isfinite(base):
+        for task in ("cartpole-gym", "cartpole-numba"):
+            if task in medians and np.isfinite(medians[task]):
+                print(f"wall to threshold, {task} / SB3 zoo: {medians[task] / base:.2f}x (median / median)")
+
+
+if __name__ == "__main__":
+    main()
