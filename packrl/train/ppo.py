@@ -5,8 +5,9 @@ training device, compute advantages that know termination from truncation (``adv
 ``update_epochs`` passes of minibatches over (segment, time) slices with the clipped policy and value
 losses. Rows that are masked (dead or absent agents, AEC agents waiting for their turn) contribute
 nothing to any loss or statistic. A row that waits for its turn when the rollout ends (AEC) bootstraps
-from its own last decision's observation, never from its zero row (``cut_pending_decisions``). With ``torch.distributed`` initialised (``torchrun``), every rank
-steps its own envs and gradients are averaged across ranks before each optimizer step.
+from its own last decision's observation, never from its zero row (``cut_pending_decisions``). With
+``torch.distributed`` initialised (``torchrun``), every rank steps its own envs and gradients are averaged
+across ranks before each optimizer step.
 
 Steps are agent steps: rows that acted (an AEC env adds one per turn, a Parallel env one per live agent).
 Nothing non-finite is trained on: a NaN or infinite reward or observation, loss, gradient or parameter
