@@ -224,11 +224,11 @@ def _reference(infos, ended, rows):
     return out
 
 
-def _assert_same_tree(ours, theirs, where="infos"):
+def assert_same_tree(ours, theirs, where="infos"):
     assert set(ours) == set(theirs), f"{where}: {sorted(ours)} != {sorted(theirs)}"
     for key, value in theirs.items():
         if isinstance(value, dict):
-            _assert_same_tree(ours[key], value, f"{where}/{key}")
+            assert_same_tree(ours[key], value, f"{where}/{key}")
         else:
             assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, (where, key)
             for a, b in zip(ours[key].tolist(), value.tolist()):
@@ -252,7 +252,7 @@ def test_to_dict_is_what_gymnasium_builds(envs):
     infos = [{**step, "reset_info": reset} if done and reset else step for step, done, reset in envs]
     ended = np.array([done for _, done, _ in envs])
     rows = np.arange(len(envs) * 3, dtype=np.uint8).reshape(len(envs), 3)
-    _assert_same_tree(to_dict(infos, ended, rows), _reference(infos, ended, rows))
+    assert_same_tree(to_dict(infos, ended, rows), _reference(infos, ended, rows))
 
 
 @pytest.mark.parametrize("first, second", [
