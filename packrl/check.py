@@ -163,11 +163,6 @@ def _env_failure(report: Report, err: Exception, when: str) -> str:
     env = re.search(r"env (\d+) raised", text)
     last = _last_line(text)
     index = env and int(env.group(1))
-    block = re.search(r"at index \((\d+)", last)
-    if index is not None and block and "in step_many" in text and "in pack_rows" in text:
-        # the serial backend packs a block of envs' observations at once and names the block's first env;
-        # the refused sample's first index is its env's position in that block
-        index += int(block.group(1))
     where = f"{when}, env {index}" if index is not None else when
     if _is_observation_packing(text):
         report.add("observation leaves inside their spaces", "fail",

@@ -7,7 +7,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from packrl import EmulationError, UsageError, vector
+from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, StructuredEnv
 
@@ -277,4 +277,26 @@ def test_counts_and_seeds_must_be_ints_that_fit():
     np.testing.assert_array_equal(first, again)
     with pytest.raises(UsageError, match="seed must be an int"):
         venv.reset(seed=2**63)
+    venv.close()
+
+
+class _RefusedObservationAt2(gymnasium.Env):
+    """Env with seed 2 (mod 4) returns a Discrete leaf outside its space on its first step."""
+    observation_space = gymnasium.spaces.Dict({"a": gymnasium.spaces.Discrete(3), "b": gymnasium.spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.bad = seed % 4 == 2
+        return {"a": 0, "b": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        return {"a": 5 if self.bad else 1, "b": np.zeros(2, np.float32)}, 0.0, False, False, {}
+
+
+def test_serial_block_step_names_the_env_whose_observation_is_refused():
+    # the serial backend packs a block of envs' observations at once; the error must name env 2, not the block's first
+    venv = vector.make(_RefusedObservationAt2, 4, backend="serial")
+    venv.reset(seed=0)
+    with pytest.raises(EnvError, match=r"env 2 raised(.|\n)*leaf \['a'\]"):
+        venv.step(np.zeros(4, np.int64))
     venv.close()

@@ -144,7 +144,11 @@ class GymnasiumEmulation:
             rows["observations"][:] = _stacked(first._codec, observations)
         else:
             # straight into the rows: if an observation is refused, the env fails and its rows are void
-            first.emulated.observation.pack_rows(list(observations), rows["observations"])
+            try:
+                first.emulated.observation.pack_rows(list(observations), rows["observations"])
+            except EmulationError as err:
+                err.env_position = _first_refused(first.emulated.observation, observations)
+                raise
         ended = _NONE_ENDED
         if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
             ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
@@ -184,6 +188,17 @@ def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tu
             err.env_position = k
             raise
     return checked
+
+
+def _first_refused(layout: Any, observations: tuple) -> int:
+    """Position of the first observation the layout refuses alone (the error path of a block pack, which
+    reports the block's sample index in its message: this names the env that returned it)."""
+    for k, obs in enumerate(observations):
+        try:
+            layout.pack(obs)
+        except EmulationError:
+            return k
+    return 0
 
 
 def _stacked(codec: Any, observations: tuple) -> np.ndarray:
