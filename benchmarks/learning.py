@@ -75,8 +75,12 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
         if not hit and len(window) == window_size and np.mean(window) >= threshold:
             hit.append((stats["global_step"], time.perf_counter() - start))
 
-    ppo.train(budget, callback)
+    history = ppo.train(budget, callback)
     vecenv.close()
+    rollout, update = (sum(h[k] for h in history) for k in ("rollout_seconds", "update_seconds"))
+    print(f"    {env_id} seed {seed}: {len(history)} iterations in {time.perf_counter() - start:.2f} s, rollouts "
+          f"{rollout:.2f} s, updates {update:.2f} s ({update / len(history) / cfg.update_epochs / cfg.num_minibatches * 1e3:.2f} "
+          "ms per minibatch)", flush=True)
     eval_env = vector.make(env_id, 20, backend="numba", seed=10_000) if env_id in ("cartpole", "gridworld") \
         else vector.make(lambda: __import__("gymnasium").make(env_id), 20, seed=10_000)
     returns = evaluate(policy, eval_env, episodes=20)
