@@ -142,9 +142,11 @@ class Multiprocessing(WorkerBackend):
                 raise UsageError(f"step_timeout needs every env in a worker, but main_envs={main_envs}: the main "
                                  "process's own envs cannot be timed out (pass main_envs=0 or leave it out)")
             main_envs = 0
+        _check_batch(num_envs, None, 1)  # num_envs >= 1 before the split is worked out
         num_workers, main_envs = default_split(num_envs, batch_size, num_workers, main_envs)
         per_worker = (num_envs - main_envs) // num_workers
-        _check_batch(num_envs, batch_size, per_worker)
+        if batch_size != num_envs:  # all at once fits any split; a smaller batch is whole workers (main_envs 0)
+            _check_batch(num_envs, batch_size, per_worker)
         ctx = mp.get_context(context or default_context())
         probe = build_env(env_creator)  # the main process needs the row layout before any worker exists
         spec = EnvSpec.of(probe)
@@ -410,7 +412,7 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
     share of the envs, rounded so the workers split the rest evenly. Batches: one worker per
     core that divides the envs evenly, and the main process steps none (it runs the policy on one
     batch while the workers step the others)."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     sync = batch_size is None or batch_size == num_envs
     if main_envs is not None and main_envs and not sync:
         raise UsageError(f"main_envs={main_envs} needs batch_size == num_envs: with batches the main "
@@ -428,12 +430,21 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
         if sync:  # m = num_envs (mod num_workers), closest to an equal share, at most that share
             share = num_envs / (num_workers + 1)
             fits = [m for m in range(num_envs % num_workers, num_envs - num_workers + 1, num_workers) if m <= share]
-            main_envs = max(fits, default=0)
+            main_envs = max(fits, default=num_envs % num_workers)  # the smallest share that splits evenly
     main_envs = int(main_envs)
     if not 0 <= main_envs <= num_envs - num_workers or (num_envs - main_envs) % num_workers:
         raise UsageError(f"num_workers={num_workers} must divide the num_envs - main_envs = {num_envs} - "
                              f"{main_envs} envs the workers step (each worker steps at least one)")
     return num_workers, main_envs
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under taskset or a container's
+    cpuset), not every core of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def default_context() -> str:
