@@ -5,6 +5,8 @@ Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step) and t
 ratios against gymnasium SyncVectorEnv. Usage: python benchmarks/vector.py [--quick] [--repeats N]
 Add "packrl ray" to --vectorizers for the ray backend (one actor per core of a local cluster).
 "packrl mp workers" is the multiprocessing backend with every env in a worker (main_envs=0).
+--splits "1/4,2/0" adds "packrl mp split W/M" rows (W workers, M envs in the main process, "auto" the
+default share); --interleave times every row in alternating rounds (medians less skewed by other load).
 --spins "20/50,100/200" adds "packrl mp spin M/W" rows: main/worker spin windows in us, to choose
 the defaults of packrl/vector/multiprocessing.py.
 """
@@ -47,6 +49,10 @@ def make_vectorizer(name: str, creator, n: int):
         main_us, worker_us = (float(x) for x in name.split()[-1].split("/"))
         v = vector.make(creator, n, backend="multiprocessing", context="fork",
                         main_spin_s=main_us * 1e-6, worker_spin_s=worker_us * 1e-6)
+    elif name.startswith("packrl mp split "):  # "packrl mp split W/M": W workers, M main envs (M "auto": default)
+        workers, main = name.split()[-1].split("/")
+        v = vector.make(creator, n, backend="multiprocessing", context="fork", num_workers=int(workers),
+                        batch_size=n, main_envs=None if main == "auto" else int(main))
     elif name == "packrl ray":  # opt-in (--vectorizers): needs Ray; a local cluster takes seconds to start
         import ray
 
@@ -86,6 +92,30 @@ def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) 
     return rates
 
 
+def interleaved(names: list[str], creator, n: int, seconds: float, rounds: int) -> dict[str, list[float]]:
+    """Every vectorizer built once, then ``rounds`` rounds that time each in turn, so load from
+    other jobs falls on all of them alike (A/B/C, A/B/C, ... rather than A A A, B B B)."""
+    built = {name: make_vectorizer(name, creator, n) for name in names}
+    actions = np.zeros(n, np.int64)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for _, step, _ in built.values():
+            for _ in range(20):
+                step(actions)
+        for _ in range(rounds):
+            for name, (_, step, _) in built.items():
+                steps, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    for _ in range(10):
+                        step(actions)
+                    steps += 10
+                rates[name].append(steps * n / (time.perf_counter() - start))
+    finally:
+        for _, _, close in built.values():
+            close()
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs")
@@ -94,22 +124,32 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,64")
     parser.add_argument("--vectorizers", default="gym Sync,gym Async(shm),sb3 Dummy,sb3 Subproc,packrl serial,packrl mp")
     parser.add_argument("--spins", default="", help="main/worker spin windows in us to compare, e.g. 20/50,100/200")
+    parser.add_argument("--splits", default="", help="multiprocessing W/M splits to compare, e.g. 1/4,2/2,2/0,1/auto")
+    parser.add_argument("--interleave", action="store_true", help="time the vectorizers in alternating rounds")
+    parser.add_argument("--seconds", type=float, default=None, help="length of one timed round")
     args = parser.parse_args()
-    seconds = 0.3 if args.quick else 1.0
-    names = args.vectorizers.split(",") + [f"packrl mp spin {s}" for s in args.spins.split(",") if s]
+    seconds = args.seconds or (0.3 if args.quick else 1.0)
+    names = [name for name in args.vectorizers.split(",") if name]
+    names += [f"packrl mp spin {s}" for s in args.spins.split(",") if s]
+    names += [f"packrl mp split {s}" for s in args.splits.split(",") if s]
     print(machine_line(("stable_baselines3",)))
     print("Machine shared with other jobs: compare ratios within one run, not absolute numbers across runs.")
     print(f"agent-steps/s, median of {args.repeats} x {seconds}s (min..max); ratio = median / gym Sync median")
     print(f"{'env':18} {'n':>3} {'vectorizer':22} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
     for env_name in args.envs.split(","):
         for n in (int(s) for s in args.sizes.split(",")):
-            results = {name: agent_steps_per_s(name, ENVS[env_name], n, seconds, args.repeats) for name in names}
+            if args.interleave:
+                results = interleaved(names, ENVS[env_name], n, seconds, args.repeats)
+            else:
+                results = {name: agent_steps_per_s(name, ENVS[env_name], n, seconds, args.repeats) for name in names}
             sync = statistics.median(results["gym Sync"]) if "gym Sync" in results else float("nan")
             serial = statistics.median(results["packrl serial"]) if "packrl serial" in results else float("nan")
             for name, rates in results.items():
                 med = statistics.median(rates)
                 print(f"{env_name:18} {n:>3} {name:22} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
                       f"{med / sync:>7.2f} {med / serial:>8.2f}", flush=True)
+                if args.interleave:  # the rounds in order: a bimodal row shows as two clusters
+                    print(f"{'':23}rounds (k): " + " ".join(f"{r / 1e3:.0f}" for r in rates), flush=True)
 
 
 if __name__ == "__main__":
