@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
@@ -92,24 +93,47 @@ def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) 
     return rates
 
 
-def interleaved(names: list[str], creator, n: int, seconds: float, rounds: int) -> dict[str, list[float]]:
+def busy_cpu_s() -> float:
+    """CPU seconds every process of the machine has run (Linux /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def own_cpu_s(pids: list[int]) -> float:
+    """CPU seconds run by these processes (this one and a vectorizer's workers)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def interleaved(names: list[str], creator, n: int, seconds: float, rounds: int,
+                other: dict[str, list[float]]) -> dict[str, list[float]]:
     """Every vectorizer built once, then ``rounds`` rounds that time each in turn, so load from
-    other jobs falls on all of them alike (A/B/C, A/B/C, ... rather than A A A, B B B)."""
+    other jobs falls on all of them alike (A/B/C, A/B/C, ... rather than A A A, B B B). ``other``
+    gets, per round, the cores that other jobs kept busy meanwhile (Linux; coarse: 10 ms ticks)."""
     built = {name: make_vectorizer(name, creator, n) for name in names}
     actions = np.zeros(n, np.int64)
     rates: dict[str, list[float]] = {name: [] for name in names}
+    pids = {name: [os.getpid(), *getattr(v, "worker_pids", [])] for name, (v, _, _) in built.items()}
     try:
         for _, step, _ in built.values():
             for _ in range(20):
                 step(actions)
         for _ in range(rounds):
             for name, (_, step, _) in built.items():
+                machine, own = busy_cpu_s(), own_cpu_s(pids[name])
                 steps, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
                     for _ in range(10):
                         step(actions)
                     steps += 10
-                rates[name].append(steps * n / (time.perf_counter() - start))
+                wall = time.perf_counter() - start
+                rates[name].append(steps * n / wall)
+                other.setdefault(name, []).append((busy_cpu_s() - machine - own_cpu_s(pids[name]) + own) / wall)
     finally:
         for _, _, close in built.values():
             close()
@@ -138,8 +162,9 @@ def main() -> None:
     print(f"{'env':18} {'n':>3} {'vectorizer':22} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
     for env_name in args.envs.split(","):
         for n in (int(s) for s in args.sizes.split(",")):
+            other: dict[str, list[float]] = {}
             if args.interleave:
-                results = interleaved(names, ENVS[env_name], n, seconds, args.repeats)
+                results = interleaved(names, ENVS[env_name], n, seconds, args.repeats, other)
             else:
                 results = {name: agent_steps_per_s(name, ENVS[env_name], n, seconds, args.repeats) for name in names}
             sync = statistics.median(results["gym Sync"]) if "gym Sync" in results else float("nan")
@@ -148,8 +173,10 @@ def main() -> None:
                 med = statistics.median(rates)
                 print(f"{env_name:18} {n:>3} {name:22} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
                       f"{med / sync:>7.2f} {med / serial:>8.2f}", flush=True)
-                if args.interleave:  # the rounds in order: a bimodal row shows as two clusters
-                    print(f"{'':23}rounds (k): " + " ".join(f"{r / 1e3:.0f}" for r in rates), flush=True)
+                if args.interleave:  # the rounds in order (a bimodal row shows as two clusters), each @ the
+                    # cores other jobs used meanwhile
+                    print(f"{'':23}rounds k@other cores: " + " ".join(
+                        f"{r / 1e3:.0f}@{o:.1f}" for r, o in zip(rates, other[name])), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Split (EnvPool-style): when every env steps at once, the main process would only wait, so by
 default it steps an equal share of the envs itself while ``cores - 1`` workers step the rest;
-on 2 cores that is one worker and two busy processes, not three on two cores.
+on 2 cores that is one worker and two busy processes, not three on two cores (measured in
+benchmarks/README.md: ``num_workers=2`` there is 0.36-0.46x serial on CartPole at 8 envs).
 
 Signalling (measured in benchmarks/vector.py ``--spins``): each worker sleeps on its own
 semaphore and every finished command posts one shared ``done`` semaphore. A POSIX semaphore
@@ -407,6 +408,7 @@ def default_split(num_envs: int, batch_size: int | None, num_workers: int | None
                   main_envs: int | None) -> tuple[int, int]:
     """``(num_workers, main_envs)``, filling in what is ``None``.
 
+    Cores are those this process may run on (``usable_cores``), whatever ``num_envs`` is.
     Every env at once (``batch_size`` None or ``num_envs``): one process per core, the main
     process included (``cores - 1`` workers, at least one), and the main process takes an equal
     share of the envs, rounded so the workers split the rest evenly. Batches: one worker per
