@@ -73,7 +73,7 @@ def test_the_issue_cases_build():
             _check_steps(venv, n, n)
 
 
-def _check_steps(venv, n: int, b: int) -> None:
+def _check_steps(venv, n: int, b: int) -> np.ndarray:
     """Batches until every env stepped twice: each env's reward is 0 before its first step, then
     its step count + its action / 10 (episodes last at least 3 steps, so none ends by then).
     ``recv`` returns the first workers to finish, so under load one worker may serve several
@@ -94,6 +94,7 @@ def _check_steps(venv, n: int, b: int) -> None:
         np.testing.assert_allclose(batch.rewards[early], expected[early], rtol=1e-6)
         venv.send(actions[ids])
         sent[ids] += 1
+    return sent
 
 
 def test_every_allowed_combination_up_to_5_envs_builds_resets_and_steps():
@@ -106,16 +107,17 @@ def test_every_allowed_combination_up_to_5_envs_builds_resets_and_steps():
 @settings(max_examples=20, deadline=None, derandomize=True)
 @given(st.sampled_from([case for case in ALLOWED if case[0] > 5]))
 def test_allowed_combinations_of_6_to_12_envs_build_reset_and_step(case):
-    _build_and_step(*case)
+    assert (_build_and_step(*case) >= 2).all()
 
 
-def _build_and_step(n: int, w: int, b: int, m: int | None) -> None:
+def _build_and_step(n: int, w: int, b: int, m: int | None) -> np.ndarray:
+    """How often each env was sent actions (after the checks of ``_check_steps``)."""
     with vector.make(ScriptedEnv, n, backend="multiprocessing", num_workers=w, batch_size=b, main_envs=m,
                      context="fork") as venv:
         assert venv.num_workers == w
         assert venv.main_envs * (b != n) == 0
         assert venv.envs_per_worker * w + venv.main_envs == n
-        _check_steps(venv, n, b)
+        return _check_steps(venv, n, b)
 
 
 def test_default_split_fills_every_allowed_gap():
