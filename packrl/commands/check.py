@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import argparse
 
+from packrl.commands.arguments import positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=_positive, default=64, help="env steps to check (default 64)")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    parser.add_argument("--steps", type=positive_int, default=64, help="env steps to check (default 64)")
 
 
 def run(args: argparse.Namespace, config: dict) -> int:

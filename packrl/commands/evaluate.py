@@ -11,15 +11,17 @@ import json
 import sys
 from pathlib import Path
 
+from packrl.commands.arguments import non_negative_int, positive_int
+
 MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
 VIDEO_SUFFIXES = (".gif",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint")
-    parser.add_argument("--episodes", type=_positive, default=20, help="episodes per mode (default 20)")
-    parser.add_argument("--num-envs", type=_positive, default=None, help="envs stepped together (default min(episodes, 8))")
-    parser.add_argument("--seed", type=_non_negative, default=10_000, help="env and sampling seed (default 10000)")
+    parser.add_argument("--episodes", type=positive_int, default=20, help="episodes per mode (default 20)")
+    parser.add_argument("--num-envs", type=positive_int, default=None, help="envs stepped together (default min(episodes, 8))")
+    parser.add_argument("--seed", type=non_negative_int, default=10_000, help="env and sampling seed (default 10000)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy (default cpu)")
     parser.add_argument("--mode", choices=tuple(MODES), default="sampled",
                         help="the headline return and the rendered episode: sampled (as trained; the default) or greedy")
@@ -131,23 +133,6 @@ def _check_device(device: str) -> None:
 
 def _steps(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
-
-
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
 
 
 def _json_object(text: str) -> dict:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from packrl.commands.arguments import non_negative_float, non_negative_int, positive_float, positive_int
 from packrl.errors import PackrlError
 
 
@@ -17,21 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--overwrite", action="store_true", help="replace an existing run folder of that name")
     run.add_argument("--resume", metavar="RUN_OR_CHECKPOINT",
                      help="continue a run (its folder, or one of its checkpoints) where its checkpoint left it")
-    run.add_argument("--checkpoint-every", type=_positive_int, metavar="STEPS",
+    run.add_argument("--checkpoint-every", type=positive_int, metavar="STEPS",
                      help="save a periodic checkpoint every STEPS agent steps")
-    run.add_argument("--checkpoint-minutes", type=_non_negative_float, default=10.0, metavar="MIN",
+    run.add_argument("--checkpoint-minutes", type=non_negative_float, default=10.0, metavar="MIN",
                      help="save a periodic checkpoint every MIN minutes (default 10; 0: never)")
-    run.add_argument("--keep", type=_positive_int, default=3, metavar="K",
+    run.add_argument("--keep", type=positive_int, default=3, metavar="K",
                      help="periodic checkpoints kept (the newest K; default 3)")
     run.add_argument("--tensorboard", metavar="LOGDIR", help="also log to TensorBoard (needs the tensorboard package)")
     run.add_argument("--no-live", action="store_true", help="progress lines instead of the live view")
-    run.add_argument("--log-seconds", type=_positive_float, default=5.0, metavar="S",
+    run.add_argument("--log-seconds", type=positive_float, default=5.0, metavar="S",
                      help="seconds between progress lines without the live view (default 5)")
-    run.add_argument("--versus-every", type=_non_negative_int, default=10, metavar="ITERS",
+    run.add_argument("--versus-every", type=non_negative_int, default=10, metavar="ITERS",
                      help="two-player zero-sum games: win/draw/loss against a random opponent every ITERS "
                           "iterations (default 10; 0: never)")
-    run.add_argument("--versus-games", type=_positive_int, default=20, metavar="N", help="games per check (default 20)")
-    run.add_argument("--torch-threads", type=_positive_int, metavar="N",
+    run.add_argument("--versus-games", type=positive_int, default=20, metavar="N", help="games per check (default 20)")
+    run.add_argument("--torch-threads", type=positive_int, metavar="N",
                      help="torch intra-op threads on CPU (default 1, or OMP_NUM_THREADS when set: a small policy "
                           "gains little from more, and loses several-fold when another process holds a core)")
 
@@ -103,30 +104,3 @@ def train_command(config: dict, out: str | Path | None = None, live: bool = True
     return train_run(config, RunOptions(out=None if out is None else str(out), live=live, tensorboard=tensorboard,
                                         **options)).code
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give a positive integer")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive integer")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: give a positive number")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive number")
-    return value

@@ -1,0 +1,34 @@
+"""argparse types the subcommands share: a bad value becomes argparse's one-line usage error (exit 2)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    return _bounded(text, int, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _bounded(text, int, 0, "0 or a positive integer")
+
+
+def positive_float(text: str) -> float:
+    value = _bounded(text, float, 0.0, "a positive number")
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    return _bounded(text, float, 0.0, "0 or a positive number")
+
+
+def _bounded(text: str, kind: type, low: float, what: str):  # noqa: ANN202 - int or float, as kind
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and value >= low):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
