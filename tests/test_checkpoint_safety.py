@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from packrl.checkpoint import CheckpointError, load_checkpoint, manifest_sha256, read_header, read_metadata
 from packrl.cli import main
 from packrl.train.ppo import PPO
+from tests.saved_policies import save_untrained_cartpole
 from packrl.train.run import load_policy, make_policy, make_vecenv, merge_config, ppo_config, save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +25,7 @@ EVIL_MODULE = "packrl_evil_payload"
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory):
     """A checkpoint written by training's own save (CartPole, hidden 16, with optimizer state)."""
-    path = tmp_path_factory.mktemp("genuine") / "checkpoint"
-    config = merge_config({"env": {"id": "CartPole-v1"}, "vec": {"num_envs": 2}, "policy": {"hidden": 16},
-                           "train": {"num_steps": 8}})
-    vecenv = make_vecenv(config)
-    try:
-        save(PPO(vecenv, make_policy(vecenv, config["policy"]), ppo_config(config)), config, path, [])
-    finally:
-        vecenv.close()
-    return path
+    return save_untrained_cartpole(tmp_path_factory.mktemp("genuine") / "checkpoint")
 
 
 @pytest.fixture

@@ -12,21 +12,14 @@ from packrl.cli import main
 from packrl.models import Policy
 from packrl.train.evaluate import EvaluationError, evaluate
 from packrl.train.ppo import PPO
+from tests.saved_policies import save_untrained_cartpole
 from packrl.train.run import make_policy, make_vecenv, merge_config, ppo_config, save
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """An untrained CartPole policy saved by training's own save: its sampled and greedy returns differ."""
-    path = tmp_path_factory.mktemp("eval") / "checkpoint"
-    config = merge_config({"env": {"id": "CartPole-v1"}, "vec": {"num_envs": 2}, "policy": {"hidden": 16},
-                           "train": {"num_steps": 8}})
-    vecenv = make_vecenv(config)
-    try:
-        save(PPO(vecenv, make_policy(vecenv, config["policy"]), ppo_config(config)), config, path, [])
-    finally:
-        vecenv.close()
-    return path
+    return save_untrained_cartpole(tmp_path_factory.mktemp("eval") / "checkpoint")
 
 
 def _rows(out):
