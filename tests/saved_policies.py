@@ -1,5 +1,6 @@
 """Checkpoints the tests share, written by training's own save."""
 
+
 def save_untrained_cartpole(path):
     """An untrained CartPole policy (hidden 16, Adam state) written by training's own save; returns ``path``."""
     from packrl.train.ppo import PPO
