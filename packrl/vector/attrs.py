@@ -153,6 +153,13 @@ class EnvAttributes:
     def _call_envs(self, request: Request) -> list:
         raise UsageError(f"{type(self).__name__} cannot run calls on its envs")
 
+    @staticmethod
+    def _check_idle(in_flight: Any) -> None:
+        """Calls reach the envs only between batches (a worker stepping its envs cannot also run a call)."""
+        if in_flight:
+            raise UsageError("call/get_attr/set_attr/render while envs are stepping: recv() their batch first "
+                             "(with batch_size < num_envs, some envs are always stepping)")
+
 
 def _name(name: Any) -> str:
     if not isinstance(name, str) or not name:

@@ -269,9 +269,7 @@ class Multiprocessing(WorkerBackend):
     def _call_envs(self, request: Request) -> list:
         """Run ``request`` on every env: the workers' blocks, then the main process's own envs."""
         self._check_usable()
-        if self._in_flight:
-            raise UsageError("call/get_attr/set_attr/render while envs are stepping: recv() their batch first "
-                             "(with batch_size < num_envs, some envs are always stepping)")
+        self._check_idle(self._in_flight)
         per = self.envs_per_worker
         try:  # every request pickled before any is sent: one that cannot travel reaches no worker
             payloads = [pickle.dumps(request.block(w * per, per), protocol=pickle.HIGHEST_PROTOCOL)

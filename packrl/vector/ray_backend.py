@@ -227,9 +227,7 @@ class RayVectorEnv(WorkerBackend):
 
     def _call_envs(self, request: Request) -> list:
         self._check_usable()
-        if self._in_flight:
-            raise UsageError("call/get_attr/set_attr/render while envs are stepping: recv() their batch first "
-                             "(with batch_size < num_envs, some envs are always stepping)")
+        self._check_idle(self._in_flight)
         per = self.envs_per_worker
         futures = [a.call.remote(request.block(w * per, per)) for w, a in enumerate(self._actors)]
         results = []
