@@ -1,12 +1,12 @@
 """Checkpoints the tests share, written by training's own save."""
 
 
-def save_untrained_cartpole(path):
-    """An untrained CartPole policy (hidden 16, Adam state) written by training's own save; returns ``path``."""
+def save_untrained(path, env_id="CartPole-v1", hidden=16):
+    """An untrained policy of ``env_id`` (with its Adam state) written by training's own save; returns ``path``."""
     from packrl.train.ppo import PPO
     from packrl.train.run import make_policy, make_vecenv, merge_config, ppo_config, save
 
-    config = merge_config({"env": {"id": "CartPole-v1"}, "vec": {"num_envs": 2}, "policy": {"hidden": 16},
+    config = merge_config({"env": {"id": env_id}, "vec": {"num_envs": 2}, "policy": {"hidden": hidden},
                            "train": {"num_steps": 8}})
     vecenv = make_vecenv(config)
     try:
@@ -14,3 +14,4 @@ def save_untrained_cartpole(path):
     finally:
         vecenv.close()
     return path
+

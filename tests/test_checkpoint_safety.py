@@ -14,9 +14,8 @@ from safetensors.torch import save_file
 
 from packrl.checkpoint import CheckpointError, load_checkpoint, manifest_sha256, read_header, read_metadata
 from packrl.cli import main
-from packrl.train.ppo import PPO
-from tests.saved_policies import save_untrained_cartpole
-from packrl.train.run import load_policy, make_policy, make_vecenv, merge_config, ppo_config, save
+from tests.saved_policies import save_untrained
+from packrl.train.run import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL_MODULE = "packrl_evil_payload"
@@ -25,7 +24,7 @@ EVIL_MODULE = "packrl_evil_payload"
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory):
     """A checkpoint written by training's own save (CartPole, hidden 16, with optimizer state)."""
-    return save_untrained_cartpole(tmp_path_factory.mktemp("genuine") / "checkpoint")
+    return save_untrained(tmp_path_factory.mktemp("genuine") / "checkpoint")
 
 
 @pytest.fixture

@@ -11,15 +11,13 @@ from packrl import vector
 from packrl.cli import main
 from packrl.models import Policy
 from packrl.train.evaluate import EvaluationError, evaluate
-from packrl.train.ppo import PPO
-from tests.saved_policies import save_untrained_cartpole
-from packrl.train.run import make_policy, make_vecenv, merge_config, ppo_config, save
+from tests.saved_policies import save_untrained
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """An untrained CartPole policy saved by training's own save: its sampled and greedy returns differ."""
-    return save_untrained_cartpole(tmp_path_factory.mktemp("eval") / "checkpoint")
+    return save_untrained(tmp_path_factory.mktemp("eval") / "checkpoint")
 
 
 def _rows(out):
@@ -116,14 +114,7 @@ def test_render_writes_a_gif_of_one_episode(checkpoint, tmp_path, capsys):
 
 
 def test_render_of_an_env_without_frames_is_one_line(tmp_path, capsys):
-    path = tmp_path / "grid"
-    config = merge_config({"env": {"id": "gridworld"}, "vec": {"num_envs": 2}, "policy": {"hidden": 8},
-                           "train": {"num_steps": 8}})
-    vecenv = make_vecenv(config)
-    try:
-        save(PPO(vecenv, make_policy(vecenv, config["policy"]), ppo_config(config)), config, path, [])
-    finally:
-        vecenv.close()
+    path = save_untrained(tmp_path / "grid", "gridworld", hidden=8)
     assert main(["eval", str(path), "--episodes", "2", "--render", str(tmp_path / "x.gif")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "gridworld" in err and not (tmp_path / "x.gif").exists()
