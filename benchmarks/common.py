@@ -49,16 +49,21 @@ def machine_line(extra: tuple[str, ...] = ()) -> str:
     return f"{os.cpu_count()} cpus ({platform.machine()}), load {load:.2f}, Python {platform.python_version()}, " + ", ".join(versions)
 
 
-def per_call_us(fn: Callable[[], object], repeats: int = 7, min_time: float = 0.05) -> tuple[float, float]:
-    """Median and spread (max-min) in microseconds per call, over ``repeats`` timed batches."""
+def calls_per_batch(fn: Callable[[], object], min_time: float = 0.05) -> int:
+    """The smallest power of two of calls to ``fn`` that takes at least ``min_time`` seconds."""
     n = 1
     while True:
         start = time.perf_counter()
         for _ in range(n):
             fn()
         if time.perf_counter() - start >= min_time:
-            break
+            return n
         n *= 2
+
+
+def per_call_us(fn: Callable[[], object], repeats: int = 7, min_time: float = 0.05) -> tuple[float, float]:
+    """Median and spread (max-min) in microseconds per call, over ``repeats`` timed batches."""
+    n = calls_per_batch(fn, min_time)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -25,7 +25,7 @@ import torch
 from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, machine_line, print_table  # noqa: E402
+from common import NETHACK, calls_per_batch, machine_line, print_table  # noqa: E402
 
 from packrl import envs  # noqa: E402
 from packrl.emulation import Layout  # noqa: E402
@@ -89,17 +89,7 @@ def packrl_steps_held(buffer: ReplayBuffer) -> int:
 def interleaved_us(fns: dict, repeats: int = 9, min_time: float = 0.05) -> dict:
     """Median µs per call of each function, timed in rounds that visit every function in turn, so a change
     of machine load during the run falls on all of them alike."""
-    counts = {}
-    for name, fn in fns.items():
-        n = 1
-        while True:
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            if time.perf_counter() - start >= min_time:
-                break
-            n *= 2
-        counts[name] = n
+    counts = {name: calls_per_batch(fn, min_time) for name, fn in fns.items()}
     samples: dict = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
