@@ -48,19 +48,16 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     from packrl import config as settings
     from packrl import vector
     from packrl.train.evaluate import evaluate
-    from packrl.train.ppo import PPO, EpisodeTracker, seed_everything
-    from packrl.train.run import make_policy, make_vecenv, ppo_config
+    from packrl.train.ppo import EpisodeTracker
+    from packrl.train.run import build_ppo
 
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
     for section, values in changes.items():
         flags.setdefault(section, {}).update(values)
     config, _ = settings.resolve(flags=flags)
-    cfg = ppo_config(config)
-    seed_everything(cfg.seed)
     start = time.perf_counter()
-    vecenv = make_vecenv(config, seed=cfg.seed)
-    policy = make_policy(vecenv, config["policy"])
-    ppo = PPO(vecenv, policy, cfg)
+    ppo = build_ppo(config)
+    cfg, vecenv, policy = ppo.config, ppo.env, ppo.policy
     window: deque = deque(maxlen=window_size)
 
     class Recording(EpisodeTracker):
@@ -97,18 +94,14 @@ def tictactoe_run(seed: int, threshold: float, budget: int, every: int = 50_000)
     from pettingzoo.classic import tictactoe_v3
 
     from packrl import config as settings
-    from packrl.train.ppo import PPO, seed_everything
-    from packrl.train.run import make_policy, make_vecenv, ppo_config
+    from packrl.train.run import build_ppo
     from packrl.train.versus import versus_random
 
     env_id = "pettingzoo.classic.tictactoe_v3"
     config, _ = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}})
-    cfg = ppo_config(config)
-    seed_everything(cfg.seed)
     start = time.perf_counter()
-    vecenv = make_vecenv(config, seed=cfg.seed)
-    policy = make_policy(vecenv, config["policy"])
-    ppo = PPO(vecenv, policy, cfg)
+    ppo = build_ppo(config)
+    vecenv, policy = ppo.env, ppo.policy
     hit: list = []
     checks: list = []
     due, checking = [every], [0.0]  # seconds spent in the checks, left out of the training time

@@ -10,19 +10,15 @@ from packrl import config as settings
 from packrl import vector
 from packrl.envs.gridworld import LEARNED_THRESHOLD
 from packrl.train.evaluate import evaluate
-from packrl.train.ppo import PPO, seed_everything
-from packrl.train.run import make_policy, make_vecenv, ppo_config
+from packrl.train.run import build_ppo
 
 
 def train_with_defaults(env_id: str, steps: int, seed: int = 0):
     config, preset = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": steps}})
-    cfg = ppo_config(config)
-    seed_everything(cfg.seed)
-    env = make_vecenv(config, seed=cfg.seed)
-    policy = make_policy(env, config["policy"])
-    PPO(env, policy, cfg).train(steps)
-    env.close()
-    return policy, preset
+    ppo = build_ppo(config)
+    ppo.train(steps)
+    ppo.env.close()
+    return ppo.policy, preset
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,9 @@ or ``packrl train --help``)::
 """
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from packrl import config as config_settings
 from packrl.checkpoint import load_checkpoint, save_checkpoint
 from packrl.env_ids import env_creator
 from packrl.errors import ConfigError
-from packrl.train.ppo import PPO, PPOConfig
+from packrl.train.ppo import PPO, PPOConfig, seed_everything
 
 DEFAULTS: dict[str, dict] = config_settings.defaults()  # the config dataclasses' defaults (packrl.config)
 
@@ -128,6 +127,19 @@ def ppo_config(config: dict) -> PPOConfig:
     """The PPOConfig of ``config["train"]`` (its keys but ``total_steps``; values checked by merge_config)."""
     train = {k: v for k, v in config["train"].items() if k != "total_steps"}
     return PPOConfig(**train)
+
+
+def build_ppo(config: dict) -> PPO:
+    """The vector env, policy and PPO ``config`` describes, seeded before the policy is built (the seed fixes
+    the initial weights, then the env seeds and sampling). The caller closes ``ppo.env``."""
+    cfg = ppo_config(config)
+    seed_everything(cfg.seed)
+    vecenv = make_vecenv(config, seed=cfg.seed)
+    try:
+        return PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
+    except BaseException:
+        vecenv.close()
+        raise
 
 
 # ---------------------------------------------------------------- checkpoints
