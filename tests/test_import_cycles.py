@@ -1,0 +1,152 @@
+"""No import cycle in packrl: the import graph of every module, read with ``ast``.
+
+An edge A -> B is any import of B in A's source, at module level or inside a function (a lazy
+import that closes a cycle is a cycle all the same), except inside ``if TYPE_CHECKING:``.
+Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, so the edge also goes to
+those packages, unless they are A's own packages (Python initialises those before A, and a
+package's ``__init__`` importing its own submodules is how packages are built).
+"""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import packrl
+
+ROOT = Path(packrl.__file__).parent
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every .py file of the package at ``root``."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, int]]:
+    """(absolute dotted name, line) of every import in ``tree``, ``if TYPE_CHECKING:`` bodies left out.
+    ``from X import y`` gives ``X.y`` (the caller keeps it if it is a module, else falls back to X)."""
+    found: list[tuple[str, int]] = []
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((base, node.lineno))
+            found.extend((f"{base}.{alias.name}", node.lineno) for alias in node.names if alias.name != "*")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the same package: line of the first such import}."""
+    modules = module_names(root)
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        is_package = path.name == "__init__.py"
+        edges: dict[str, int] = {}
+        for target, line in imported_names(ast.parse(path.read_text(), str(path)), name, is_package):
+            if target not in modules:
+                continue  # another library, or a name imported from a module (its module is listed too)
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):  # the target and the packages it runs first
+                dep = ".".join(parts[:i])
+                if dep in modules and dep not in own and dep != name:
+                    edges.setdefault(dep, line)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, {}))))
+    return None
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def test_packrl_has_no_import_cycle():
+    graph = import_graph(ROOT)
+    assert len(graph) > 50 and "packrl.vector.base" in graph  # the walk found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in packrl: {describe(cycle, graph)}"
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "pkg"
+
+
+def test_a_function_level_cycle_through_a_package_init_is_found(tmp_path):
+    # pkg.a.m imports pkg.b.n (whose package __init__ runs first); pkg.b's __init__ imports pkg.a lazily
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a/__init__.py": "from pkg.a.m import thing\n",
+        "pkg/a/m.py": "from pkg.b.n import other\nthing = 1\n",
+        "pkg/b/__init__.py": "def make():\n    from pkg import a\n    return a\n",
+        "pkg/b/n.py": "other = 2\n",
+    })
+    graph = import_graph(root)
+    cycle = find_cycle(graph)
+    assert cycle is not None and set(cycle) == {"pkg.a", "pkg.a.m", "pkg.b"}
+    assert "pkg.b (line 2) -> pkg.a" in describe(cycle, graph)
+
+
+def test_type_checking_imports_and_own_packages_are_not_edges(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "from pkg.a import m\n",
+        "pkg/a/__init__.py": "from . import m\n",
+        "pkg/a/m.py": ("from typing import TYPE_CHECKING\nfrom .. import b\nif TYPE_CHECKING:\n"
+                       "    from pkg.c import x\nelse:\n    import json\n"),
+        "pkg/b.py": "import os\n",
+        "pkg/c.py": "from pkg.a.m import y\n",
+    })
+    graph = import_graph(root)
+    assert graph["pkg.a.m"] == {"pkg.b": 2}
+    assert graph["pkg.a"] == {"pkg.a.m": 1} and graph["pkg"] == {"pkg.a": 1, "pkg.a.m": 1}
+    assert graph["pkg.c"] == {"pkg.a": 1, "pkg.a.m": 1}
+    assert find_cycle(graph) is None
