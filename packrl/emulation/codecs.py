@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.values import (
-    IntRange,
+    Bounds,
     exact_array,
     format_path,
     refuse_outside,
@@ -41,13 +41,30 @@ class TextView(NamedTuple):
 
 
 class LeafCodec(ABC):
-    """Base class. Subclasses set ``kind`` and implement fields, check, view and to_native."""
+    """Base class. Subclasses set ``kind`` (the name in layout JSON) and implement fields, check,
+    view and to_native. What the rest of packrl needs to know about a leaf, it reads from the
+    codec's capabilities below, never from ``kind``:
+
+    - ``bounds``: the one :class:`Bounds` of a single-field leaf (None: no bounds, e.g. strings);
+    - ``check_is_bounds()``: ``check`` refuses exactly the values outside ``bounds`` once the
+      dtype and shape are exact, so a compiled kernel may check them instead;
+    - ``stores_input``: an input already of the field's dtype and shape is stored unchanged;
+    - ``takes_python_ints``: a 0-d leaf whose samples are Python ints (Discrete);
+    - ``categorical``: each element is one of ``high - low + 1`` choices counted from ``low``
+      (encoders embed it, heads sample it); otherwise a numeric leaf, scaled by its bounds;
+    - ``is_string``: fields ``chars`` and ``length``; ``vocab`` distinct character codes.
+    """
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
     subclass_hint: str = ""  # set by codec_for: added to this codec's refusals (a subclass packed as its base)
-    # True when an input already of the field's dtype and shape is stored unchanged (check only validates it)
     stores_input: ClassVar[bool] = False
+    bounds_only: ClassVar[bool] = False  # see check_is_bounds
+    takes_python_ints: ClassVar[bool] = False
+    categorical: ClassVar[bool] = False
+    is_string: ClassVar[bool] = False
+    vocab: int = 0
+    bounds: Bounds | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,6 +90,12 @@ class LeafCodec(ABC):
     def view(self, arrays: tuple) -> Any:
         """The unpacked form of this leaf from its field views."""
         return arrays[0]
+
+    def check_is_bounds(self) -> bool:
+        """True when ``check`` accepts exactly the arrays of the field's dtype and shape inside
+        ``bounds`` (a class that sets ``bounds_only``, and whose ``check`` no subclass replaced)."""
+        owner = next(c for c in type(self).__mro__ if "bounds_only" in c.__dict__)
+        return owner.bounds_only and type(self).check is owner.check and len(self.fields) == 1
 
     def to_native(self, unpacked: Any) -> Any:
         """The value the original space would produce (a copy), from the unpacked form."""
@@ -192,6 +215,7 @@ class BoxCodec(LeafCodec):
 
     kind = "box"
     stores_input = True
+    bounds_only = True
 
     def __init__(self, space: spaces.Box, round_floats: bool = False):
         self.space = space
@@ -199,16 +223,17 @@ class BoxCodec(LeafCodec):
         self.dtype = np.dtype(space.dtype)
         self.shape = tuple(space.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
-        self.range = IntRange(space.low, space.high, self.dtype, self.shape) if self.dtype.kind in "iu" else None
         if self.dtype.kind == "b":  # the bytes, as uint8: bounds and canonical bools in one range
             low, high = (np.asarray(b).astype(np.uint8) for b in (space.low, space.high))
-            self.range = IntRange(low, high, np.dtype(np.uint8), self.shape)
+            self.bounds = Bounds(low, high, np.dtype(np.uint8), self.shape)
             self.outside_message = f"is outside the bool Box's bounds (low {_short_list(low.astype(bool))}, " \
                                    f"high {_short_list(high.astype(bool))})"
-        elif self.range is not None and self.range.needed:
+        else:
+            self.bounds = Bounds(space.low, space.high, self.dtype, self.shape)
+        # float bounds are not checked at pack; integer bounds that span the whole dtype need no check
+        self.checked = self.bounds.integer and self.bounds.needed
+        if self.checked:
             self.outside_message = f"is outside the Box bounds [{self.space.low.min()}, {self.space.high.max()}]"
-        elif self.range is not None:
-            self.range = None  # bounds span the whole dtype: nothing to check
 
     def spec(self) -> dict:
         spec = {"kind": self.kind, "dtype": self.dtype.str, "shape": list(self.shape),
@@ -230,16 +255,16 @@ class BoxCodec(LeafCodec):
             arr = exact_array(value, self.dtype, batch + self.shape, path, self.round_floats)
         if self.dtype.kind == "b":
             self._check_bools(arr, path)
-        elif self.range is not None:
-            self.range.refuse(arr, path, self.outside_message)
+        elif self.checked:
+            self.bounds.refuse(arr, path, self.outside_message)
         return (arr,)
 
     def _check_bools(self, arr: np.ndarray, path: tuple) -> None:
         """Every byte 0 or 1, and inside the bounds."""
         raw = arr.view(np.uint8)
-        if self.range.outside(raw):
+        if self.bounds.outside(raw):
             refuse_outside(raw > 1, raw, path, "is the byte of a non-canonical bool (packrl stores bools as 0 or 1)")
-            refuse_outside((raw < self.range.low) | (raw > self.range.high), arr, path, self.outside_message)
+            refuse_outside(self.bounds.mask(raw), arr, path, self.outside_message)
 
     def to_native(self, unpacked: Any) -> Any:
         # as gymnasium's Box.sample: a NumPy scalar for a 0-d integer or bool Box, a 0-d array for a float one
@@ -259,13 +284,16 @@ class DiscreteCodec(LeafCodec):
 
     kind = "discrete"
     stores_input = True
+    bounds_only = True
+    takes_python_ints = True
+    categorical = True
 
     def __init__(self, space: spaces.Discrete):
         self.space = space
         self.n, self.start = int(space.n), int(space.start)
         self.dtype = np.dtype(space.dtype)
         self.fields = (Field(None, self.dtype, ()),)
-        self.range = IntRange(self.start, self.start + self.n - 1, self.dtype, ())
+        self.bounds = Bounds(self.start, self.start + self.n - 1, self.dtype, ())
         self.outside_message = f"is outside Discrete(n={self.n}, start={self.start})"
 
     def spec(self) -> dict:
@@ -283,7 +311,7 @@ class DiscreteCodec(LeafCodec):
                     f"[{self.start}, {self.start + self.n - 1}]")
             return (np.asarray(value, dtype=self.dtype),)
         arr = exact_array(value, self.dtype, batch, path)
-        self.range.refuse(arr, path, self.outside_message)
+        self.bounds.refuse(arr, path, self.outside_message)
         return (arr,)
 
     def to_native(self, unpacked: Any) -> Any:
@@ -298,6 +326,8 @@ class MultiDiscreteCodec(LeafCodec):
 
     kind = "multidiscrete"
     stores_input = True
+    bounds_only = True
+    categorical = True
 
     def __init__(self, space: spaces.MultiDiscrete):
         self.space = space
@@ -305,8 +335,8 @@ class MultiDiscreteCodec(LeafCodec):
         self.nvec, self.start = np.asarray(space.nvec), np.asarray(space.start)
         self.shape = tuple(self.nvec.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
-        self.range = IntRange(self.start.astype(object), self.start.astype(object) + self.nvec.astype(object) - 1,
-                              self.dtype, self.shape)
+        self.bounds = Bounds(self.start.astype(object), self.start.astype(object) + self.nvec.astype(object) - 1,
+                             self.dtype, self.shape)
         self.outside_message = f"is outside MultiDiscrete(nvec={self.nvec.tolist()}, start={self.start.tolist()})"
 
     def spec(self) -> dict:
@@ -321,7 +351,7 @@ class MultiDiscreteCodec(LeafCodec):
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         arr = exact_array(value, self.dtype, batch + self.shape, path)
-        self.range.refuse(arr, path, self.outside_message)
+        self.bounds.refuse(arr, path, self.outside_message)
         return (arr,)
 
 
@@ -332,13 +362,14 @@ class MultiBinaryCodec(LeafCodec):
 
     kind = "multibinary"
     stores_input = True
+    bounds_only = True
 
     def __init__(self, space: spaces.MultiBinary):
         self.space = space
         self.dtype = np.dtype(space.dtype)
         self.shape = tuple(space.shape)
         self.fields = (Field(None, self.dtype, self.shape),)
-        self.range = IntRange(0, 1, self.dtype, self.shape)
+        self.bounds = Bounds(0, 1, self.dtype, self.shape)
 
     def spec(self) -> dict:
         return {"kind": self.kind, "shape": list(self.shape)}
@@ -349,7 +380,7 @@ class MultiBinaryCodec(LeafCodec):
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         arr = exact_array(value, self.dtype, batch + self.shape, path)
-        self.range.refuse(arr, path, "is not 0 or 1 (MultiBinary)")
+        self.bounds.refuse(arr, path, "is not 0 or 1 (MultiBinary)")
         return (arr,)
 
 
@@ -361,6 +392,8 @@ def _index_dtype(count: int) -> np.dtype:
 
 class _StringCodec(LeafCodec):
     """Shared storage of string leaves: ``chars`` (max_length,) padded with zeros, ``length`` int32."""
+
+    is_string = True
 
     max_length: int
     min_length: int = 0
@@ -422,6 +455,7 @@ class TextCodec(_StringCodec):
         self.charset = "".join(space.character_list)
         self.index = {c: i for i, c in enumerate(self.charset)}
         self.char_dtype = _index_dtype(len(self.charset))
+        self.vocab = len(self.charset)
         self.fields = self._fields()
 
     def spec(self) -> dict:
@@ -473,6 +507,7 @@ class BoundedStringCodec(_StringCodec):
 
     kind = "bounded_string"
     char_dtype = np.dtype(np.uint8)
+    vocab = 256
 
     def __init__(self, space: spaces.Space, max_length: int):
         self.space = space

@@ -419,9 +419,9 @@ class _Source:
         if leaf_id in self._bound_names:
             return self._bound_names[leaf_id]
         leaf = self.layout.leaves[leaf_id]
-        rng = getattr(self._codec_of(leaf), "range", None) if leaf.field is None else None
+        rng = getattr(self._codec_of(leaf), "bounds", None) if leaf.field is None else None
         found = None
-        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.needed and leaf_id not in self._codec_checked:
+        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.integer and rng.needed and leaf_id not in self._codec_checked:
             lo, hi = self._name("_lo"), self._name("_hi")
             dtype = _BITS_OF.get(leaf.dtype, leaf.dtype)
             if leaf.shape == () or rng.uniform is not None:

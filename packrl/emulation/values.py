@@ -24,35 +24,57 @@ def _any_outside(flat: np.ndarray, low: float, high: float) -> bool:
     return bad
 
 
-class IntRange:
-    """Inclusive per-element integer bounds for arrays of one integer dtype. Uniform bounds are
-    checked in one compiled pass; others elementwise against bounds clipped to the dtype (exact:
-    no float or object conversion)."""
+class Bounds:
+    """Inclusive per-element bounds of one leaf, exact in its dtype: packrl's one answer to "is this
+    value inside its space", read by the codecs, the compiled pack, ``packrl check``, the encoders,
+    the vector action writer and the Numba envs (``codec.bounds``).
+
+    ``low`` and ``high`` have the leaf's shape and dtype: integer bounds clipped to the dtype (so
+    int64 and uint64 extremes are exact, no float or object conversion); bool leaves as their bytes
+    (uint8, 0 and 1); float bounds as floats (``inf`` where unbounded). ``outside`` and ``mask``
+    count NaN as outside. ``needed``: some value of the dtype is outside (always, for floats)."""
 
     def __init__(self, low: Any, high: Any, dtype: np.dtype, shape: tuple):
-        info = np.iinfo(dtype)
-        low = np.broadcast_to(np.asarray(low, dtype=object), shape)
-        high = np.broadcast_to(np.asarray(high, dtype=object), shape)
-        self.low = np.array([max(int(x), info.min) for x in low.reshape(-1)], dtype=dtype).reshape(shape)
-        self.high = np.array([min(int(x), info.max) for x in high.reshape(-1)], dtype=dtype).reshape(shape)
-        self.needed = bool(self.low.size) and bool(np.any(self.low > info.min) or np.any(self.high < info.max))
+        self.dtype, self.shape = np.dtype(dtype), tuple(shape)
+        self.integer = self.dtype.kind in "iu"
+        if self.integer:
+            info = np.iinfo(self.dtype)
+            low = np.broadcast_to(np.asarray(low, dtype=object), shape)
+            high = np.broadcast_to(np.asarray(high, dtype=object), shape)
+            self.low = np.array([max(int(x), info.min) for x in low.reshape(-1)], dtype=self.dtype).reshape(shape)
+            self.high = np.array([min(int(x), info.max) for x in high.reshape(-1)], dtype=self.dtype).reshape(shape)
+            self.needed = bool(self.low.size) and bool(np.any(self.low > info.min) or np.any(self.high < info.max))
+        else:
+            self.low = np.broadcast_to(np.asarray(low, dtype=self.dtype), shape).copy()
+            self.high = np.broadcast_to(np.asarray(high, dtype=self.dtype), shape).copy()
+            self.needed = True
         flat_low, flat_high = self.low.reshape(-1), self.high.reshape(-1)
         uniform = self.low.size and np.all(flat_low == flat_low[0]) and np.all(flat_high == flat_high[0])
         self.uniform = (flat_low[0], flat_high[0]) if uniform else None
 
+    def mask(self, arr: np.ndarray) -> np.ndarray:
+        """Elementwise: True where ``arr`` (shape ``(*batch, *shape)``) is outside (or NaN)."""
+        with np.errstate(invalid="ignore"):
+            return ~((arr >= self.low) & (arr <= self.high))
+
     def outside(self, arr: np.ndarray) -> bool:
-        """True when some element of ``arr`` (shape ``(*batch, *shape)``) is out of range."""
+        """True when some element of ``arr`` (shape ``(*batch, *shape)``) is outside."""
         if not self.needed or not arr.size:
             return False
-        if self.uniform is not None:
+        if self.integer and self.uniform is not None and arr.dtype == self.dtype:
             # one compiled pass: far cheaper than numpy's min and max reductions on small arrays
             return bool(_any_outside(arr.reshape(-1), *self.uniform))
-        return bool(np.any(arr < self.low) or np.any(arr > self.high))
+        return bool(self.mask(arr).any())
 
     def refuse(self, arr: np.ndarray, path: tuple, why: str) -> None:
-        """Raise EmulationError naming the first out-of-range element, if any."""
+        """Raise EmulationError naming the first element outside, if any."""
         if self.outside(arr):
-            refuse_outside((arr < self.low) | (arr > self.high), arr, path, why)
+            refuse_outside(self.mask(arr), arr, path, why)
+
+    def __repr__(self) -> str:
+        low, high = (self.uniform if self.uniform is not None else (self.low.min(), self.high.max())) \
+            if self.low.size else ("", "")
+        return f"Bounds([{low}, {high}], {self.dtype}, shape={self.shape})"
 
 
 def format_path(path: tuple) -> str:
