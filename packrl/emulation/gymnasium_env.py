@@ -5,11 +5,12 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 
 from packrl.emulation.actions import table_choice
-from packrl.emulation.emulated import Emulated, group_agents
+from packrl.emulation.emulated import group_agents
+from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, MULTI_AGENT_HINT, checked_flag, checked_reward
+from packrl.env_protocol import BlockPosition
 from packrl.errors import EmulationError
 
 AGENT = "agent_0"
@@ -17,46 +18,25 @@ _NONE_ENDED = np.zeros(0, dtype=np.intp)
 MAX_TABLED_CHOICES = 4096
 
 
-class GymnasiumEmulation:
+class GymnasiumEmulation(EmulatedRows):
     """Wraps a gymnasium.Env: observations packed into ``observations[0]``, actions decoded from
     the policy's flat form into the env's native structure.
 
-    Buffers (one row, num_agents = 1): ``observations``, ``rewards`` float32, ``terminals``,
-    ``truncations``, ``masks`` (always true), ``final_observations`` (the last observation of an
-    episode, written on the step it ends). No autoreset: after an end, call ``reset``
-    (vector backends do it in the same step). A plain Box observation passes through: rows
-    are the Box itself (its dtype and shape), written without a packing layer.
+    Buffers (``EmulatedRows``; one row, num_agents = 1): ``observations``, ``rewards`` float32,
+    ``terminals``, ``truncations``, ``masks`` (always true), ``final_observations`` (the last
+    observation of an episode, written on the step it ends). No autoreset: after an end, call
+    ``reset`` (vector backends do it in the same step). A plain Box observation passes through.
 
     Rewards and flags are checked (``packrl.emulation.step_checks``); ``finite_rewards=False``
     lets an env return rewards that are not finite in float32.
     """
 
-    num_agents = 1
-    autoreset = False  # vector backends reset it on the step an episode ends
-
     def __init__(self, env: gymnasium.Env, round_floats: bool = False, finite_rewards: bool = True):
-        self.env = env
-        self.finite_rewards = bool(finite_rewards)
         self.possible_agents = (AGENT,)
         self.agents = (AGENT,)
-        self.emulated: Emulated = group_agents(
-            self.possible_agents, {AGENT: env.observation_space}, {AGENT: env.action_space}, round_floats)
-        layout = self.emulated.observation
-        self.passthrough = isinstance(env.observation_space, spaces.Box)
-        if self.passthrough:
-            self.single_observation_space = env.observation_space
-            self.observations = np.zeros((1, *layout.leaves[0].shape), dtype=layout.leaves[0].dtype)
-        else:
-            self.single_observation_space = spaces.Box(0, 255, (layout.nbytes,), np.uint8)
-            self.observations = np.zeros((1, layout.nbytes), dtype=np.uint8)
-        self.single_action_space = self.emulated.action.policy_space
-        self.final_observations = np.zeros_like(self.observations)
-        self.rewards = np.zeros(1, dtype=np.float32)
-        self.terminals = np.zeros(1, dtype=bool)
-        self.truncations = np.zeros(1, dtype=bool)
-        self.masks = np.ones(1, dtype=bool)
-        self._codec = layout.root.codec if self.passthrough else None
-        self._packer = None if self.passthrough else layout.bind(self.observations[0])
+        emulated = group_agents(self.possible_agents, {AGENT: env.observation_space}, {AGENT: env.action_space},
+                                round_floats)
+        super().__init__(env, emulated, emulated.action.policy_space, finite_rewards)
         action = self.emulated.action
         part = action.discrete_parts[0] if action.kind == "discrete" else None
         # the native value of every choice of a small Discrete action space: the commonest action
@@ -67,11 +47,9 @@ class GymnasiumEmulation:
     def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
                     terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
         """Write into rows owned by someone else (a vector backend's shared memory)."""
-        self.observations, self.final_observations = observations, final_observations
-        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
-        self.masks[:] = True
-        if not self.passthrough:
-            self._packer = self.emulated.observation.bind(self.observations[0])
+        super().set_buffers(observations, final_observations, rewards, terminals, truncations, masks)
+        self.masks[:] = True  # the one agent acts on every step
+        self._packer = self._obs_rows[0]
 
     @property
     def done(self) -> bool:
@@ -80,7 +58,7 @@ class GymnasiumEmulation:
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._write(obs)
+        self._packer.pack(obs)
         self.rewards[0] = 0.0
         self.terminals[0] = self.truncations[0] = False
         return self.observations, info
@@ -100,10 +78,7 @@ class GymnasiumEmulation:
             terminated = checked_flag(terminated, "terminated", self.env, hint=MULTI_AGENT_HINT)
         if truncated is not False and truncated is not True:
             truncated = checked_flag(truncated, "truncated", self.env, hint=MULTI_AGENT_HINT)
-        if self.passthrough:
-            self._write(obs)
-        else:  # the packer's own attribute: it becomes the compiled pack once the layout is hot
-            self._packer.pack(obs)
+        self._packer.pack(obs)  # the packer's own attribute: it becomes the compiled pack once the layout is hot
         self.rewards[0] = reward
         self.terminals[0] = terminated
         self.truncations[0] = truncated
@@ -112,15 +87,16 @@ class GymnasiumEmulation:
         return self.observations, self.rewards, self.terminals, self.truncations, info
 
     @staticmethod
-    def step_many(envs: list["GymnasiumEmulation"], actions: Any, rows: dict[str, np.ndarray]) -> list[dict]:
+    def step_many(envs: list["GymnasiumEmulation"], actions: Any, rows: dict[str, np.ndarray],
+                  position: BlockPosition) -> tuple[list[dict], np.ndarray]:
         """Step several emulated envs whose rows are consecutive in shared arrays (``rows``: the
         ``observations``, ``final_observations``, ``rewards``, ``terminals``, ``truncations`` of
         exactly these envs, in order). Same checks and bytes as calling ``step`` on each, but the
         observations are packed leaf by leaf across all envs (``Layout.pack_rows``): one stack
         and one check per leaf instead of one per leaf and env. ``actions``: one policy action per
         env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info
-        and the positions of the envs whose episode ended. An exception raised by env k carries
-        ``env_position = k``."""
+        and the positions of the envs whose episode ended. When env k raises (or returns a value or
+        observation that is refused), ``position.index`` is k (``packrl.env_protocol.BlockStepper``)."""
         first = envs[0]
         action_layout = first.emulated.action
         if action_layout.kind == "discrete" and isinstance(actions, np.ndarray):
@@ -132,22 +108,22 @@ class GymnasiumEmulation:
         try:
             for env, native in zip(envs, natives):
                 results.append(env.env.step(native))
-        except BaseException as err:  # KeyboardInterrupt too: the caller names the env it stopped
-            err.env_position = len(results)
+        except BaseException:  # KeyboardInterrupt too: the caller names the env it stopped
+            position.index = len(results)
             raise
         observations, rewards, terminals, truncations, infos = zip(*results)
-        rewards, terminals, truncations = _checked_block(envs, rewards, terminals, truncations)
+        rewards, terminals, truncations = _checked_block(envs, rewards, terminals, truncations, position)
         rows["rewards"][:] = rewards
         rows["terminals"][:] = terminals
         rows["truncations"][:] = truncations
         if first.passthrough:
-            rows["observations"][:] = _stacked(first._codec, observations)
+            rows["observations"][:] = _stacked(first.emulated.observation.root.codec, observations, position)
         else:
             # straight into the rows: if an observation is refused, the env fails and its rows are void
             try:
                 first.emulated.observation.pack_rows(list(observations), rows["observations"])
-            except EmulationError as err:
-                err.env_position = _first_refused(first.emulated.observation, observations)
+            except EmulationError:
+                position.index = _first_refused(first.emulated.observation, observations)
                 raise
         ended = _NONE_ENDED
         if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
@@ -155,24 +131,9 @@ class GymnasiumEmulation:
             rows["final_observations"][ended] = rows["observations"][ended]
         return list(infos), ended
 
-    def _write(self, obs: Any) -> None:
-        if self.passthrough:
-            self.observations[0] = self._codec.check(obs, ())[0]
-        else:
-            self._packer.pack(obs)
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
-
-    @property
-    def unwrapped(self) -> gymnasium.Env:
-        return self.env.unwrapped
 
 
-def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tuple) -> tuple:
+def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tuple, position: BlockPosition) -> tuple:
     """The rewards and flags of a block step, checked as ``step`` checks them (one pass over the
     common case; an error carries the position of the env that returned the value)."""
     if all([(type(r) is float or type(r) is int) and -F32_MAX <= r <= F32_MAX for r in rewards]) and \
@@ -184,8 +145,8 @@ def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tu
             checked[0].append(checked_reward(reward, env.env, env.finite_rewards, hint=MULTI_AGENT_HINT))
             checked[1].append(checked_flag(terminated, "terminated", env.env, hint=MULTI_AGENT_HINT))
             checked[2].append(checked_flag(truncated, "truncated", env.env, hint=MULTI_AGENT_HINT))
-        except EmulationError as err:
-            err.env_position = k
+        except EmulationError:
+            position.index = k
             raise
     return checked
 
@@ -201,10 +162,10 @@ def _first_refused(layout: Any, observations: tuple) -> int:
     return 0
 
 
-def _stacked(codec: Any, observations: tuple) -> np.ndarray:
+def _stacked(codec: Any, observations: tuple, position: BlockPosition) -> np.ndarray:
     """The Box observations of a block, checked as one array. np.array stacks equal-shaped arrays
     in a quarter of np.stack's time; where they do not stack, each is checked alone so that the
-    error names the env (``env_position``)."""
+    error names the env (``position``)."""
     try:
         stacked = np.array(observations)
     except ValueError:
@@ -213,8 +174,8 @@ def _stacked(codec: Any, observations: tuple) -> np.ndarray:
         for k, obs in enumerate(observations):
             try:
                 codec.check(obs, ())
-            except Exception as err:
-                err.env_position = k
+            except Exception:
+                position.index = k
                 raise
         stacked = np.array(observations)
     return codec.check(stacked, (), (len(observations),))[0]

@@ -36,69 +36,31 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated, Group, group_agents
+from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, checked_flag, checked_reward
 from packrl.errors import EmulationError
 
 
-class _AgentRows:
-    """Buffers, layouts and per-row writers shared by the Parallel and AEC emulations."""
-
-    autoreset = False  # vector backends call reset() on the step `done` becomes true
+class _AgentRows(EmulatedRows):
+    """What the Parallel and AEC emulations share on top of ``EmulatedRows``: agents by row,
+    reward and flag checks, action decoding."""
 
     def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
                  finite_rewards: bool = True):
-        self.env = env
-        self.finite_rewards = bool(finite_rewards)
         self.possible_agents = tuple(env.possible_agents)
         if len(set(self.possible_agents)) != len(self.possible_agents):
             raise EmulationError(f"possible_agents has repeated names: {list(self.possible_agents)}")
         if not self.possible_agents:
             raise EmulationError("the env has no possible_agents: nothing to give rows to")
-        self.num_agents = len(self.possible_agents)
         self._row = {agent: i for i, agent in enumerate(self.possible_agents)}
-        self.emulated: Emulated = group_agents(
+        emulated: Emulated = group_agents(
             self.possible_agents,
             {a: env.observation_space(a) for a in self.possible_agents},
             {a: env.action_space(a) for a in self.possible_agents},
             round_floats=round_floats, action_mask_key=action_mask_key)
-        self._row_groups: tuple[Group, ...] = tuple(self.emulated.groups[g] for g in self.emulated.row_group)
+        self._pending = [0.0] * len(self.possible_agents)  # rewards not yet delivered, per row
+        super().__init__(env, emulated, _shared_action_space(emulated), finite_rewards)
         self._discrete = tuple(_discrete_decoder(g) for g in self._row_groups)
-        first = self.emulated.groups[0].observation
-        self.passthrough = not self.emulated.heterogeneous and isinstance(first.space, spaces.Box)
-        if self.passthrough:
-            leaf = first.leaves[0]
-            self.single_observation_space = first.space
-            observations = np.zeros((self.num_agents, *leaf.shape), dtype=leaf.dtype)
-        else:
-            self.single_observation_space = spaces.Box(0, 255, (self.emulated.nbytes,), np.uint8)
-            observations = np.zeros((self.num_agents, self.emulated.nbytes), dtype=np.uint8)
-        self.single_action_space = _shared_action_space(self.emulated)
-        self._pending = [0.0] * self.num_agents  # rewards not yet delivered, per row
-        self.set_buffers(observations, np.zeros_like(observations), np.zeros(self.num_agents, np.float32),
-                         np.zeros(self.num_agents, bool), np.zeros(self.num_agents, bool),
-                         np.zeros(self.num_agents, bool))
-
-    # ------------------------------------------------------------ buffers
-
-    def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
-                    terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
-        """Write into rows owned by someone else (a vector backend's shared memory)."""
-        for name, buf in (("observations", observations), ("final_observations", final_observations)):
-            if buf.shape[0] != self.num_agents or buf.dtype != self.single_observation_space.dtype:
-                raise EmulationError(f"{name} buffer must be ({self.num_agents}, ...) "
-                                     f"{self.single_observation_space.dtype}, got {buf.shape} {buf.dtype}")
-        self.observations, self.final_observations = observations, final_observations
-        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
-        self._obs_writers = self._writers(observations)
-        self._final_writers = self._writers(final_observations)
-
-    def _writers(self, buf: np.ndarray) -> list:
-        """Per row, a function that checks one observation and writes it into that row."""
-        if self.passthrough:
-            codec = self.emulated.observation.root.codec
-            return [_leaf_writer(codec, buf[row, ...]) for row in range(self.num_agents)]  # 0-d rows stay views
-        return [group.observation.bind(buf[row, : group.observation.nbytes]).pack
-                for row, group in enumerate(self._row_groups)]
 
     def _reward(self, agent: Any, reward: Any) -> float:
         """One agent's reward, checked (``packrl.emulation.step_checks``)."""
@@ -116,7 +78,7 @@ class _AgentRows:
 
     def _write(self, writers: list, row: int, obs: Any) -> None:
         try:
-            writers[row](obs)
+            writers[row].pack(obs)
         except EmulationError as err:
             raise EmulationError(f"agent {self.possible_agents[row]!r}: observation does not fit its space: {err}") from None
 
@@ -174,22 +136,10 @@ class _AgentRows:
         """Why a possible agent may not be given an action now (each emulation says it its way)."""
         return "not acting this step"
 
-    # ------------------------------------------------------------ plumbing
-
     @property
     def agents(self) -> list:
         """The env's current agents (PettingZoo's ``env.agents``)."""
         return list(self.env.agents)
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
-
-    @property
-    def unwrapped(self) -> Any:
-        return self.env.unwrapped
 
 
 class ParallelEmulation(_AgentRows):
@@ -213,7 +163,7 @@ class ParallelEmulation(_AgentRows):
         self._ended = [True] * self.num_agents
         for agent, value in obs.items():
             row = self.row_of_reported(agent)
-            self._write(self._obs_writers, row, value)
+            self._write(self._obs_rows, row, value)
             self.masks[row] = True
             self._ended[row] = False
         self._alive = [int(r) for r in np.flatnonzero(self.masks)]
@@ -247,11 +197,11 @@ class ParallelEmulation(_AgentRows):
             row = row_of[agent] if agent in row_of else self.row_of_reported(agent)
             terminated, truncated = self._flags(agent, terminations.get(agent, False), truncations.get(agent, False))
             if terminated or truncated:
-                self._write(self._final_writers, row, value)
+                self._write(self._final_rows, row, value)
                 terminals[row], truncs[row] = terminated, truncated
                 ended[row] = True
             else:
-                self._write(self._obs_writers, row, value)
+                self._write(self._obs_rows, row, value)
                 masks[row] = True
                 ended[row] = False
                 alive.append(row)
@@ -352,12 +302,12 @@ class AECEmulation(_AgentRows):
             self.rewards[row] += self._reward(agent, reward)
             infos[agent] = info
             if terminated or truncated:
-                self._write(self._final_writers, row, obs)
+                self._write(self._final_rows, row, obs)
                 self.terminals[row] |= terminated
                 self.truncations[row] |= truncated
                 env.step(None)
                 continue
-            self._write(self._obs_writers, row, obs)
+            self._write(self._obs_rows, row, obs)
             self.masks[row] = True
             self._acting = row
             break
@@ -368,13 +318,6 @@ class AECEmulation(_AgentRows):
 
 
 # ---------------------------------------------------------------- helpers
-
-def _leaf_writer(codec: Any, view: np.ndarray) -> Any:
-    """Check one leaf's value and write it into its typed view of a row."""
-    def write(obs: Any) -> None:
-        view[...] = codec.check(obs, ())[0]
-    return write
-
 
 def _holder(env: Any, name: str) -> Any:
     """The object that holds attribute ``name``. PettingZoo's AEC wrappers forward attributes they

@@ -48,9 +48,8 @@ from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
 from packrl.envs.rng import RNG_WORDS
+from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
 from packrl.errors import EmulationError, EnvError
-from packrl.vector.attrs import NoEnvObjects
-from packrl.vector.base import SAME_STEP
 
 PARALLEL_MIN_ENVS = 1024
 """Below this many copies ``threads=None`` steps them in one serial loop. Measured with CartPole on
@@ -688,8 +687,6 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         info = getattr(self, "_pending", {})
         for k, i in enumerate(info.get("episode_index", ())):
             infos[i] = {"episode_return": info["episode_return"][k], "episode_length": info["episode_length"][k]}
-        from packrl.vector.base import Batch
-
         return Batch(self.observations, self.rewards, self.terminals, self.truncations, infos,
                           np.arange(self.num_envs), self.masks, self.final_observations)
 

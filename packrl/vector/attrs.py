@@ -166,24 +166,3 @@ def _name(name: Any) -> str:
         raise UsageError(f"an attribute name must be a non-empty str, got {name!r}")
     return name
 
-
-class NoEnvObjects:
-    """For vector envs whose copies are rows of one compiled state (the Numba backend): there is no
-    env object per copy to call, so these say what to use instead."""
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
-        raise UsageError(self._no_objects(f"call({name!r})"))
-
-    def get_attr(self, name: str) -> tuple:
-        raise UsageError(self._no_objects(f"get_attr({name!r})"))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        raise UsageError(self._no_objects(f"set_attr({name!r}, ...)"))
-
-    def render(self) -> tuple:
-        raise UsageError(self._no_objects("render()"))
-
-    def _no_objects(self, what: str) -> str:
-        return (f"{what}: the copies of a Numba env are rows of one compiled state, not env objects; read or "
-                "write their state arrays (env.state[name][copy]) and rows (env.observations) directly, or run "
-                "the env under backend 'serial'/'multiprocessing' for per-env calls")

@@ -1,26 +1,19 @@
 """What every packrl vector env shares: spaces, the gymnasium interface, batches and actions."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
+from packrl.env_protocol import SAME_STEP, Batch
 from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import ActionWriter, action_arrays
 from packrl.vector.attrs import EnvAttributes
 from packrl.vector.infos import to_dict
 from packrl.vector.runner import EnvSpec
 from packrl.vector.shared import BufferPlan
-
-try:  # gymnasium >= 1.1 names the autoreset modes
-    from gymnasium.vector import AutoresetMode
-
-    SAME_STEP: Any = AutoresetMode.SAME_STEP
-except ImportError:  # pragma: no cover
-    SAME_STEP = "SameStep"
-
 
 SEND_WITHOUT_RECV = "send() without recv(): call recv() (or reset) to get the batch to act on"
 
@@ -39,20 +32,6 @@ def check_step_timeout(step_timeout: Any) -> float | None:
             or not 0 < float(step_timeout) < float("inf"):
         raise UsageError(f"step_timeout must be a positive number of seconds (or None), got {step_timeout!r}")
     return float(step_timeout)
-
-
-class Batch(NamedTuple):
-    """What ``recv`` returns: rows of the envs in ``env_ids`` (each env: ``agents_per_env``
-    consecutive rows, in the order of ``env_ids``). Arrays stay valid until the next ``send``."""
-
-    observations: np.ndarray
-    rewards: np.ndarray
-    terminals: np.ndarray
-    truncations: np.ndarray
-    infos: list
-    env_ids: np.ndarray
-    masks: np.ndarray
-    final_observations: np.ndarray
 
 
 def plan_buffers(spec: EnvSpec, num_envs: int, extra: dict | None = None) -> BufferPlan:

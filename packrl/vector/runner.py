@@ -13,10 +13,9 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
-from packrl.errors import EmulationError, EnvError
+from packrl.env_protocol import ROW_BUFFERS, BlockPosition, block_stepper
+from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import action_views
-
-BUFFERS = ("observations", "final_observations", "rewards", "terminals", "truncations", "masks")
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class EnvSpec:
                 env.single_action_space)
         first = (self.agents_per_env, self.row_shape, self.row_dtype, self.single_action_space)
         if mine != first:
-            raise EmulationError(f"env {index} has (num_agents, row shape, row dtype, action space) = {mine}, "
+            raise UsageError(f"env {index} has (num_agents, row shape, row dtype, action space) = {mine}, "
                                  f"env 0 has {first}; all envs of a vector env must match")
 
 
@@ -77,11 +76,12 @@ class EnvRunner:
         agents = spec.agents_per_env
         for k, env in enumerate(envs):
             rows = slice((first + k) * agents, (first + k + 1) * agents)
-            env.set_buffers(*(arrays[name][rows] for name in BUFFERS))
+            env.set_buffers(*(arrays[name][rows] for name in ROW_BUFFERS))
             self.rows.append(rows)
             self.actions.append(action_views(spec.single_action_space, arrays, rows))
         self.current = 0
-        self._fast = _GymnasiumBlock(envs, arrays, self.rows) if _GymnasiumBlock.applies(envs) else None
+        step_many = block_stepper(envs)
+        self._block = None if step_many is None else _Block(step_many, envs, arrays, self.rows)
 
     def reset(self, seed: int | None) -> list:
         """Reset every env (env i with ``seed + i * copies`` when seeded); return [(env index, info)]."""
@@ -99,8 +99,8 @@ class EnvRunner:
         """Step envs ``lo .. hi - 1`` of this block (all by default) with their rows of the action
         arrays; return [(env index, info)] for the non-empty infos."""
         hi = len(self.envs) if hi is None else hi
-        if self._fast is not None:
-            return self._fast.step(self, lo, hi)
+        if self._block is not None:
+            return self._block.step(self, lo, hi)
         infos = []
         envs, actions = self.envs, self.actions
         for k in range(lo, hi):
@@ -158,36 +158,32 @@ def raise_close_errors(errors: list[tuple[int, str]]) -> None:
         raise EnvError(f"env {index}'s close raised {text}{others}; every env was closed all the same")
 
 
-class _GymnasiumBlock:
-    """Single-agent gymnasium envs of one layout, stepped together through
-    ``GymnasiumEmulation.step_many`` (observations packed leaf by leaf across the block),
-    then reset where their episode ended."""
+class _Block:
+    """Envs of one class and layout stepped together through their class's ``step_many``
+    (``packrl.env_protocol.BlockStepper``; the gymnasium emulation packs the observations leaf
+    by leaf across the block), then reset where their episode ended."""
 
-    @staticmethod
-    def applies(envs: list) -> bool:
-        from packrl.emulation.gymnasium_env import GymnasiumEmulation
-
-        return all(type(env) is GymnasiumEmulation for env in envs) and all(
-            env.emulated == envs[0].emulated and env.passthrough == envs[0].passthrough for env in envs)
-
-    def __init__(self, envs: list, arrays: dict[str, np.ndarray], rows: list[slice]):
+    def __init__(self, step_many: Callable, envs: list, arrays: dict[str, np.ndarray], rows: list[slice]):
+        self.step_many = step_many
         self.arrays = arrays
         self.base = rows[0].start  # a block's envs own consecutive rows, one each
         # a Discrete action space: hand the block's action rows over as one array
         self.choices = arrays["actions"] if envs[0].emulated.action.kind == "discrete" else None
         self._rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self.position = BlockPosition()
 
     def step(self, runner: "EnvRunner", lo: int, hi: int) -> list:
-        from packrl.emulation.gymnasium_env import GymnasiumEmulation
-
         rows = self._rows.get((lo, hi))
         if rows is None:  # the same views every step, so the Layout's cached leaf views are reused
-            rows = self._rows[(lo, hi)] = {name: self.arrays[name][self.base + lo: self.base + hi] for name in BUFFERS[:-1]}
+            rows = self._rows[(lo, hi)] = {name: self.arrays[name][self.base + lo: self.base + hi]
+                                           for name in ROW_BUFFERS[:-1]}
+        position = self.position
+        position.index = 0
         try:
             actions = runner.actions[lo:hi] if self.choices is None else self.choices[self.base + lo: self.base + hi]
-            infos, ended = GymnasiumEmulation.step_many(runner.envs[lo:hi], actions, rows)
-        except BaseException as err:  # KeyboardInterrupt too: the backend names the env it stopped
-            runner.current = lo + getattr(err, "env_position", 0)
+            infos, ended = self.step_many(runner.envs[lo:hi], actions, rows, position)
+        except BaseException:  # KeyboardInterrupt too: the backend names the env it stopped
+            runner.current = lo + position.index
             raise
         for k in ended:
             runner.current = lo + int(k)

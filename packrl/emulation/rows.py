@@ -1,0 +1,91 @@
+"""The rows every emulation writes: its buffers, how an observation gets into a row, and Box pass-through.
+
+``EmulatedRows`` is the base of the gymnasium, PettingZoo Parallel and AEC emulations (each a
+``packrl.env_protocol.RowEnv``). One row per possible agent; a row is the observation packed into
+``emulated.nbytes`` uint8 bytes, except where pass-through applies: one group of agents whose
+observation space is a plain Box keeps the Box itself as its rows (its dtype and shape), checked
+against the Box and written without a packing layer. This is the one place that decides it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from packrl.emulation.emulated import Emulated
+from packrl.errors import EmulationError
+
+
+class BoxRow:
+    """A pass-through row: ``pack(obs)`` checks a value against the Box and writes it into the
+    row's typed view (the same call as a bound layout's ``pack``, so callers do not branch)."""
+
+    __slots__ = ("codec", "view")
+
+    def __init__(self, codec: Any, view: np.ndarray):
+        self.codec, self.view = codec, view
+
+    def pack(self, obs: Any) -> None:
+        self.view[...] = self.codec.check(obs, ())[0]
+
+
+class EmulatedRows:
+    """Buffers, layouts and per-row writers of an emulated env (``packrl.env_protocol.RowEnv``).
+
+    Buffers: ``observations`` and ``final_observations`` (``(num_agents, *row_shape)``),
+    ``rewards`` float32, ``terminals``, ``truncations``, ``masks`` bool. ``set_buffers`` points
+    them at someone else's rows (a vector backend's shared memory). Emulated envs do not reset
+    themselves (``autoreset = False``): the caller resets on the step ``done`` turns true."""
+
+    autoreset = False
+
+    def __init__(self, env: Any, emulated: Emulated, single_action_space: spaces.Space, finite_rewards: bool):
+        self.env = env
+        self.finite_rewards = bool(finite_rewards)
+        self.emulated = emulated
+        self.num_agents = len(emulated.agents)
+        self._row_groups = tuple(emulated.groups[g] for g in emulated.row_group)
+        first = emulated.groups[0].observation
+        self.passthrough = not emulated.heterogeneous and isinstance(first.space, spaces.Box)
+        if self.passthrough:
+            leaf = first.leaves[0]
+            self.single_observation_space = first.space
+            observations = np.zeros((self.num_agents, *leaf.shape), dtype=leaf.dtype)
+        else:
+            self.single_observation_space = spaces.Box(0, 255, (emulated.nbytes,), np.uint8)
+            observations = np.zeros((self.num_agents, emulated.nbytes), dtype=np.uint8)
+        self.single_action_space = single_action_space
+        n = self.num_agents
+        self.set_buffers(observations, np.zeros_like(observations), np.zeros(n, np.float32), np.zeros(n, bool),
+                         np.zeros(n, bool), np.zeros(n, bool))
+
+    def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
+                    terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
+        """Write into rows owned by someone else (a vector backend's shared memory)."""
+        for name, buf in (("observations", observations), ("final_observations", final_observations)):
+            if buf.shape[0] != self.num_agents or buf.dtype != self.single_observation_space.dtype:
+                raise EmulationError(f"{name} buffer must be ({self.num_agents}, ...) "
+                                     f"{self.single_observation_space.dtype}, got {buf.shape} {buf.dtype}")
+        self.observations, self.final_observations = observations, final_observations
+        self.rewards, self.terminals, self.truncations, self.masks = rewards, terminals, truncations, masks
+        self._obs_rows = self._row_writers(observations)
+        self._final_rows = self._row_writers(final_observations)
+
+    def _row_writers(self, buf: np.ndarray) -> list:
+        """Per row, an object whose ``pack(obs)`` checks one observation and writes it into that row."""
+        if self.passthrough:
+            codec = self.emulated.observation.root.codec
+            return [BoxRow(codec, buf[row, ...]) for row in range(self.num_agents)]  # 0-d rows stay views
+        return [group.observation.bind(buf[row, : group.observation.nbytes])
+                for row, group in enumerate(self._row_groups)]
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def unwrapped(self) -> Any:
+        return self.env.unwrapped
