@@ -160,9 +160,8 @@ def check_env(vecenv: Any, policy: torch.nn.Module, steps: int = 64, device: str
 def _env_failure(report: Report, err: Exception, when: str) -> str:
     """Report an exception from the env under the check it concerns; returns the reason later checks skip."""
     text = str(err)
-    env = re.search(r"env (\d+) raised", text)
     last = _last_line(text)
-    index = env and int(env.group(1))
+    index = getattr(err, "env_index", None)  # EnvError's field: the env that failed
     where = f"{when}, env {index}" if index is not None else when
     if _is_observation_packing(text):
         report.add("observation leaves inside their spaces", "fail",
@@ -175,7 +174,7 @@ def _env_failure(report: Report, err: Exception, when: str) -> str:
 def _is_observation_packing(text: str) -> bool:
     """Whether a traceback (as the vector backends format it) ends in packing an observation."""
     return bool(re.search(r'emulation/layout\.py", line \d+, in (pack|_pack|_write|_check)', text)) or \
-        bool(re.search(r"emulation/\w+_env\.py\", line \d+, in _write\b", text))
+        bool(re.search(r"emulation/(\w+_env\.py\", line \d+, in _write|rows\.py\", line \d+, in pack)\b", text))
 
 
 def _last_line(text: str) -> str:

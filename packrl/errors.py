@@ -14,7 +14,18 @@ class NativizeError(PackrlError, TypeError):
 
 
 class EnvError(PackrlError, RuntimeError):
-    """An environment failed inside a vector backend (worker id, env index and traceback attached)."""
+    """An environment failed inside a vector backend. The message has the worker, the env index and the
+    env's own traceback; the fields give them to code: ``env_index`` (the env that failed, None when the
+    error is not one env's), ``worker`` (the worker process or actor, None in the main process) and
+    ``env_traceback`` (the failing env's formatted traceback, None if there is none)."""
+
+    def __init__(self, message: str, *, env_index: int | None = None, worker: int | None = None,
+                 env_traceback: str | None = None):
+        super().__init__(message)
+        self.env_index, self.worker, self.env_traceback = env_index, worker, env_traceback
+
+    def __reduce__(self) -> tuple:  # the fields survive pickling (Ray, multiprocessing)
+        return (_env_error, (str(self), self.env_index, self.worker, self.env_traceback))
 
 
 class UsageError(PackrlError, ValueError, TypeError):
@@ -27,3 +38,7 @@ class UsageError(PackrlError, ValueError, TypeError):
 class ConfigError(UsageError):
     """A config file, preset or command-line flag names a section, key or value that does not exist or does
     not fit (the message names the key, the value, what is expected and the file)."""
+
+
+def _env_error(message: str, env_index: int | None, worker: int | None, env_traceback: str | None) -> EnvError:
+    return EnvError(message, env_index=env_index, worker=worker, env_traceback=env_traceback)

@@ -114,7 +114,8 @@ def checked(results: list) -> tuple:
         if isinstance(value, CallFailed):
             if value.kind == "AttributeError":
                 raise AttributeError(f"env {value.env_index}: {value.message}")
-            raise EnvError(f"env {value.env_index} raised {value.kind} in a call: {value.message}\n{value.text}")
+            raise EnvError(f"env {value.env_index} raised {value.kind} in a call: {value.message}\n{value.text}",
+                           env_index=value.env_index, env_traceback=value.text)
     return tuple(results)
 
 

@@ -68,10 +68,12 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
     info_format = "list"  # vector.make(infos="dict"): gymnasium's dict of arrays (packrl.vector.infos)
 
     _broken: str | None = None  # why the env failed; every later call refuses
+    _broken_fields: dict = {}  # the EnvError fields of that failure (env_index, worker, env_traceback)
 
-    def _fail(self, message: str) -> None:
-        self._broken = message
-        raise EnvError(message)
+    def _fail(self, message: str, **fields: Any) -> None:
+        """Break the vector env: raise EnvError(message, **fields), and refuse every later call."""
+        self._broken, self._broken_fields = message, fields
+        raise EnvError(message, **fields)
 
     def close(self, **kwargs: Any) -> None:
         """Close every env and release the workers and shared memory. The vector env is closed
@@ -87,7 +89,8 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
         if self.closed:
             raise EnvError("the vector env is closed")
         if self._broken is not None:
-            raise EnvError(f"the vector env failed earlier and must be closed: {self._broken.splitlines()[0]}")
+            raise EnvError(f"the vector env failed earlier and must be closed: {self._broken.splitlines()[0]}",
+                           **self._broken_fields)
 
     def _setup(self, spec: EnvSpec, num_envs: int, batch_size: int | None, seed: int,
                arrays: dict[str, np.ndarray]) -> None:

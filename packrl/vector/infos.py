@@ -105,7 +105,7 @@ def _mismatch(key: Any, value: Any, i: int, existing: Any) -> Exception:
     made = "a dict" if isinstance(existing, dict) else f"a {existing.dtype} array of shape {existing.shape}"
     return EnvError(f"infos='dict': info key {key!r} of env {i} is {value!r} ({type(value).__name__}), which does not "
                     f"fit {made} made from an earlier env's value under that key; give every env the same kind of "
-                    "value per key, or use infos='list'")
+                    "value per key, or use infos='list'", env_index=i)
 
 
 def check_form(infos: Any) -> str:

@@ -311,10 +311,12 @@ class Multiprocessing(WorkerBackend):
             return fn(*args)
         except Exception:
             failure = self._runner.failure()
-            self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}")
+            self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}",
+                       env_index=failure.env_index, env_traceback=failure.text)
         except KeyboardInterrupt:  # as in serial: the interrupted env is mid-step, so every later call refuses
-            self._broken = (f"main process (pid {os.getpid()}), env {self._runner.failure().env_index} was "
-                            "interrupted (KeyboardInterrupt)")
+            index = self._runner.failure().env_index
+            self._broken = f"main process (pid {os.getpid()}), env {index} was interrupted (KeyboardInterrupt)"
+            self._broken_fields = {"env_index": index}
             raise
 
     def _command(self, w: int, command: int, seed: int | None = None) -> None:
@@ -350,7 +352,8 @@ class Multiprocessing(WorkerBackend):
             self._in_flight.discard(w)
             if state == FAILED:
                 env_index, text = self._read(w)
-                self._fail(f"worker {w} (pid {self._procs[w].pid}), env {env_index} raised:\n{text}")
+                self._fail(f"worker {w} (pid {self._procs[w].pid}), env {env_index} raised:\n{text}",
+                           env_index=env_index, worker=w, env_traceback=text)
             self._infos[w] = self._read(w) if state == DONE_INFO else []
             self._ready.append(w)
             found += 1

@@ -260,7 +260,8 @@ class RayVectorEnv(WorkerBackend):
             except RayError as err:
                 raise EnvError(f"ray worker {w} (envs {self._span(w)}) could not start: {err}") from None
             if isinstance(result, Failure):
-                raise EnvError(f"ray worker {w}, env {result.env_index} failed while starting:\n{result.text}")
+                raise EnvError(f"ray worker {w}, env {result.env_index} failed while starting:\n{result.text}",
+                               env_index=result.env_index, worker=w, env_traceback=result.text)
             started.append(result)
         first = started[0].spec
         for w, s in enumerate(started[1:], 1):
@@ -277,7 +278,8 @@ class RayVectorEnv(WorkerBackend):
             self._fail(f"ray worker {w} (envs {self._span(w)}) died: {type(err).__name__}: {err}")
         if isinstance(reply, Failure):
             self._fail(f"ray worker {w} (pid {self.worker_pids[w]} on {self.worker_nodes[w]}), "
-                       f"env {reply.env_index} raised:\n{reply.text}")
+                       f"env {reply.env_index} raised:\n{reply.text}", env_index=reply.env_index, worker=w,
+                       env_traceback=reply.text)
         return reply
 
     def _store(self, w: int, reply: Reply) -> None:

@@ -155,7 +155,7 @@ def raise_close_errors(errors: list[tuple[int, str]]) -> None:
     if errors:
         index, text = min(errors)
         others = f" (and {len(errors) - 1} more envs)" if len(errors) > 1 else ""
-        raise EnvError(f"env {index}'s close raised {text}{others}; every env was closed all the same")
+        raise EnvError(f"env {index}'s close raised {text}{others}; every env was closed all the same", env_index=index)
 
 
 class _Block:

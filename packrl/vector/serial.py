@@ -94,9 +94,12 @@ class Serial(VectorEnv):
             failure: EnvFailure = self._runner.failure()
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
             self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
-            raise EnvError(self._broken) from None
+            self._broken_fields = {"env_index": failure.env_index, "env_traceback": failure.text}
+            raise EnvError(self._broken, **self._broken_fields) from None
         except KeyboardInterrupt:  # Ctrl-C stays Ctrl-C, but the env it stopped is mid-step: refuse from now on
-            self._broken = f"serial backend, env {self._runner.failure().env_index} was interrupted (KeyboardInterrupt)"
+            index = self._runner.failure().env_index
+            self._broken = f"serial backend, env {index} was interrupted (KeyboardInterrupt)"
+            self._broken_fields = {"env_index": index}
             raise
 
     def _call_envs(self, request: Request) -> list:
