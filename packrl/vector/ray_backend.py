@@ -20,7 +20,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from packrl.errors import EmulationError, EnvError, UsageError
+from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors
@@ -267,8 +267,8 @@ class RayVectorEnv(WorkerBackend):
         for w, s in enumerate(started[1:], 1):
             mine, ref = _key(s.spec), _key(first)
             if mine != ref:
-                raise EmulationError(f"env {w * self.envs_per_worker} has (num_agents, row shape, row dtype, "
-                                     f"action space) = {mine}, env 0 has {ref}; all envs of a vector env must match")
+                raise UsageError(f"env {w * self.envs_per_worker} has (num_agents, row shape, row dtype, "
+                                 f"action space) = {mine}, env 0 has {ref}; all envs of a vector env must match")
         return started
 
     def _get(self, w: int, future: Any) -> Reply:
