@@ -1,4 +1,5 @@
-"""Generated Python modules on disk, so that Numba's ``cache=True`` can keep their compiled code.
+"""Generated Python modules: the one code emitter (``Code``) and the files on disk, so that Numba's
+``cache=True`` can keep their compiled code.
 
 Numba caches a function by its source file and that file's modification time, so generated code
 is written once to a file named by a hash of everything that shapes it, and imported from there.
@@ -8,8 +9,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Iterator, Sequence
 
 
 def cache_dir() -> Path:
@@ -40,3 +43,40 @@ def import_generated(modname: str, text: str) -> ModuleType:
         del sys.modules[modname]
         raise
     return module
+
+
+class Code:
+    """Lines of generated Python. ``code(line, ...)`` adds lines at the current indentation;
+    ``with code.block("if x:"):`` indents what it holds under its header; ``with code.loops(sizes)
+    as index:`` nests one ``for`` per size (``i0``, ``i1``, ... or another ``var``) and gives the
+    index expression ``"i0, i1"``."""
+
+    def __init__(self, depth: int = 0):
+        self.lines: list[str] = []
+        self.depth = depth
+
+    def __call__(self, *lines: str) -> None:
+        self.lines += [("    " * self.depth + line) if line else "" for line in lines]
+
+    @contextmanager
+    def block(self, header: str) -> Iterator[None]:
+        self(header)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    @contextmanager
+    def loops(self, sizes: Sequence[Any], var: str = "i") -> Iterator[str]:
+        names = [f"{var}{k}" for k in range(len(sizes))]
+        for name, size in zip(names, sizes):
+            self(f"for {name} in range({size}):")
+            self.depth += 1
+        try:
+            yield ", ".join(names)
+        finally:
+            self.depth -= len(sizes)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from packrl.emulation.layout import WIDER_ROWS_HINT, Layout, LeafNode
+from packrl.emulation.layout import Layout
+from packrl.emulation.packer import WIDER_ROWS_HINT
+from packrl.emulation.tree import LeafNode
 from packrl.errors import NativizeError
 
 

@@ -14,8 +14,9 @@ layout packrl generates a module with two functions that mirror the space's stru
 - ``_kernel_any``, the Numba kernel with nested loops, is compiled the first time a leaf arrives
   strided, read-only or otherwise not taken by the first.
 
-``pack_many(samples, rows, first)`` does the same for a list, one kernel call per sample (a
-single call over tuples of samples measured no faster: the copies, not the calls, dominate).
+The extraction is emitted once, in ``pack``; ``pack_many(samples, rows, first)`` calls it for each
+sample of a list (a single kernel call over tuples of samples measured no faster: the copies, not
+the calls, dominate). Text is emitted through ``packrl._codegen.Code``, never patched.
 
 The compiled path only accepts, it never explains: anything unexpected (a list where an array
 was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
@@ -37,8 +38,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from packrl._codegen import import_generated
-from packrl.emulation.codecs import LeafCodec
+from packrl._codegen import Code, import_generated
+from packrl.emulation.tree import DictNode, LeafNode, iter_nodes
 
 try:
     from packrl.emulation import _fastpack
@@ -46,10 +47,7 @@ except ImportError:  # built without a C compiler: the Numba kernel does its wor
     _fastpack = None
 
 if TYPE_CHECKING:
-    from packrl.emulation.layout import Layout, Node
-
-CHECKED_IN_KERNEL = ("box", "discrete", "multidiscrete", "multibinary")
-"""Codec kinds whose check the kernel does itself; other codecs check in Python."""
+    from packrl.emulation.packer import Packer
 
 _NUMBA_DTYPES = {np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                         np.uint32, np.uint64, np.float32, np.float64)}
@@ -69,20 +67,18 @@ def fast_kernel_in_use() -> bool:
 
 
 class CompiledPack:
-    """The generated pack of one Layout. ``pack(sample, rows, r)`` writes ``sample`` into
-    ``rows[r]`` (``rows``: C-contiguous ``(N, nbytes)`` uint8) and returns True, or returns
-    False having written nothing. ``pack_many(samples, rows, first)`` packs a list into
-    ``rows[first:]`` and returns how many it packed before the first refusal. ``bind(rows, r,
-    slow)`` gives ``pack`` for one row as a one-argument function that calls ``slow(sample)``
-    on a refusal."""
+    """The generated pack of one layout (given as its ``Packer``). ``pack(sample, rows, r)``
+    writes ``sample`` into ``rows[r]`` (``rows``: C-contiguous ``(N, nbytes)`` uint8) and returns
+    True, or returns False having written nothing. ``pack_many(samples, rows, first)`` packs a
+    list into ``rows[first:]`` and returns how many it packed before the first refusal."""
 
-    def __init__(self, layout: "Layout"):
-        source = _Source(layout, fast=fast_kernel_in_use())
+    def __init__(self, packer: "Packer"):
+        source = _Source(packer, fast=fast_kernel_in_use())
         text = source.text()
         # the layout's own description too (its constants derive from it): layouts of other dtypes or
         # codecs can generate the same text, and a module found under the same name keeps the kernels
         # and checks it was made with
-        digest = hashlib.sha256(text.encode() + layout._key.encode())
+        digest = hashlib.sha256(text.encode() + packer.key.encode())
         digest.update(Path(__file__).read_bytes())
         module = import_generated(f"packrl_pack_{digest.hexdigest()[:20]}", text)
         if not getattr(module, "_ready", False):
@@ -101,7 +97,6 @@ class CompiledPack:
         self.module = module
         self.pack: Callable[[Any, np.ndarray, int], bool] = module.pack
         self.pack_many: Callable[[list, np.ndarray, int], int] = module.pack_many
-        self.bind: Callable[[np.ndarray, int, Callable[[Any], None]], Callable[[Any], None]] = module.bind
 
 
 @intrinsic
@@ -153,15 +148,15 @@ def _generic_retry(module: Any, signature: tuple) -> Callable[..., bool]:
 
 
 class _Source:
-    """The text of a layout's generated module and the objects it needs."""
+    """The text of a packer's generated module and the objects it needs."""
 
-    def __init__(self, layout: "Layout", fast: bool):
-        self.layout = layout
+    def __init__(self, packer: "Packer", fast: bool):
+        self.packer = packer
+        self.leaves = packer.leaves
         self.fast = fast
         self.constants: dict[str, np.ndarray | np.generic] = {}
         self.objects: dict[str, Any] = {}
         self.fields: list[tuple[int, str, bool]] = []  # (leaf id, kernel argument, is a Python scalar)
-        self.py_lines: list[str] = []
         self.py_checks: list[str] = []
         self.counter = 0
         self._bound_names: dict[int, tuple | None] = {}
@@ -170,194 +165,132 @@ class _Source:
     # ------------------------------------------------------------ the Python half
 
     def text(self) -> str:
-        from packrl.emulation.layout import DictNode, TupleNode
-
-        root = self.layout.root
-        self._extract(root, "s", (), DictNode, TupleNode)
+        extract = Code(depth=2)
+        self._extract(extract)
         args = ", ".join(expr for _, expr, _ in sorted(self.fields))
-        lines = [
-            '"""Generated by packrl.emulation.compiled. Do not edit: the file name is a hash of its inputs."""',
-            "import numpy as np",
-            "",
-            "from packrl.emulation.compiled import copy_bytes",
-            "",
-            "_ndarray = np.ndarray",
-            "_int = int",
-            "_int64 = np.int64",
-            "_asarray = np.asarray",
-            "_ready = False",
-            "_off = False",
-            "",
-            "",
-            "def pack(s, rows, r):",
-            "    if _off:",
-            "        return False",
-            "    try:",
-            *("        " + line for line in self.py_lines or ["pass"]),
-            *("        " + line for line in self.py_checks),
-            "    except Exception:  # the checked Python path names what is wrong",
-            "        return False",
-            *self._call_lines("    ", args),
-            "    return code == 0",
-            "",
-            "",
-            "def pack_many(samples, rows, first):",
-            '    """Pack samples[i] into rows[first + i]; return how many were packed before one was refused."""',
-            "    if _off:",
-            "        return 0",
-            "    i = 0",
-            "    for s in samples:",
-            "        r = first + i",
-            "        try:",
-            *("            " + line.replace("return False", "return i") for line in self.py_lines or ["pass"]),
-            *("            " + line.replace("return False", "return i") for line in self.py_checks),
-            "        except Exception:",
-            "            return i",
-            *self._call_lines("        ", args),
-            "        if code:",
-            "            return i",
-            "        i += 1",
-            "    return i",
-            "",
-            "",
-            "class _Refused(Exception):",
-            "    pass",
-            "",
-            "",
-            "def bind(rows, r, slow):",
-            '    """``pack`` with ``rows`` and ``r`` fixed, calling ``slow(s)`` where it refuses ``s``: one call',
-            '    per sample, for a row that is packed again and again (an env\'s observation row)."""',
-            "    def pack_bound(s):",
-            "        ok = not _off",
-            "        if ok:",
-            "            try:",
-            *("                " + line.replace("return False", "raise _Refused")
-              for line in self.py_lines + self.py_checks or ["pass"]),
-            "            except Exception:  # slow(s) runs outside the handler: its error has no context",
-            "                ok = False",
-            "        if ok:",
-            *self._call_lines("            ", args),
-            "            ok = code == 0",
-            "        if not ok:",
-            "            slow(s)",
-            "",
-            "    return pack_bound",
-            "",
-            "",
-            *([] if self.fast else [*self._kernel_lines(contiguous=True), "", ""]),
-            *self._kernel_lines(contiguous=False),
-        ]
-        return "\n".join(lines) + "\n"
+        code = Code()
+        code('"""Generated by packrl.emulation.compiled. Do not edit: the file name is a hash of its inputs."""',
+             "import numpy as np", "", "from packrl.emulation.compiled import copy_bytes", "",
+             "_ndarray = np.ndarray", "_int = int", "_int64 = np.int64", "_asarray = np.asarray",
+             "_ready = False", "_off = False", "", "")
+        with code.block("def pack(s, rows, r):"):
+            with code.block("if _off:"):
+                code("return False")
+            code("try:")
+            code.lines += extract.lines or ["        pass"]
+            code("except Exception:  # the checked Python path names what is wrong", "    return False")
+            if self.fast:  # a negative code: a leaf C does not take (strided, read-only, another dtype)
+                code(f"code = _fast(_spec, rows, r, {args})")
+                with code.block("if code < 0:"):
+                    code(f"code = 0 if _retry_generic(rows, r, {args}) else 1")
+            else:
+                code("try:", f"    code = _kernel(rows, r, {args})", "except (TypeError, ValueError, OverflowError):",
+                     f"    code = 0 if _retry_generic(rows, r, {args}) else 1")
+            code("return code == 0")
+        code("", "")
+        with code.block("def pack_many(samples, rows, first):"):
+            code('"""Pack samples[i] into rows[first + i]; return how many were packed before one was refused."""',
+                 "i = 0")
+            with code.block("for s in samples:"):
+                code("if not pack(s, rows, first + i):", "    return i", "i += 1")
+            code("return i")
+        code("", "")
+        if not self.fast:
+            self._kernel(code, contiguous=True)
+            code("", "")
+        self._kernel(code, contiguous=False)
+        return code.text()
 
-    def _call_lines(self, indent: str, args: str) -> list[str]:
-        """Lines that set ``code`` to 0 where the sample was written into ``rows[r]``: the first kernel,
-        then the Numba kernel for any memory layout where the first did not take the leaves."""
-        if self.fast:  # a negative code: a leaf C does not take (strided, read-only, another dtype)
-            lines = [f"code = _fast(_spec, rows, r, {args})",
-                     "if code < 0:",
-                     f"    code = 0 if _retry_generic(rows, r, {args}) else 1"]
-        else:
-            lines = ["try:",
-                     f"    code = _kernel(rows, r, {args})",
-                     "except (TypeError, ValueError, OverflowError):",
-                     f"    code = 0 if _retry_generic(rows, r, {args}) else 1"]
-        return [indent + line for line in lines]
+    def _extract(self, code: Code) -> None:
+        """Lines that bind each leaf of the sample ``s`` to a local (containers checked on the way),
+        then the leaves' own checks; any mismatch returns False."""
+        local = {(): "s"}
+        for path, node in iter_nodes(self.packer.root):
+            expr = local[path]
+            if type(node) is LeafNode:
+                self._leaf(node, expr, path)
+                continue
+            if type(node) is DictNode:
+                code(f"if {expr}.__class__ is not dict and not isinstance({expr}, dict): return False",
+                     f"if len({expr}) != {len(node.keys)}: return False")
+                keys = node.keys
+            else:
+                code(f"if {expr}.__class__ is not tuple and {expr}.__class__ is not list: return False",
+                     f"if len({expr}) != {len(node.children)}: return False")
+                keys = range(len(node.children))
+            for key in keys:
+                local[path + (key,)] = name = self._name("d" if type(node) is DictNode else "t")
+                code(f"{name} = {expr}[{self._const(key)}]")
+        code(*self.py_checks)
 
     def fast_spec(self) -> Any:
         """What ``_fastpack.pack`` checks and where it writes, one entry per kernel argument; the
         bounds are the constants the Numba kernels compare against."""
         leaves = []
         for leaf_id, dtype, shape, scalar in self._kernel_types():
-            leaf = self.layout.leaves[leaf_id]
+            leaf = self.leaves[leaf_id]
             lo = hi = None
             bounds = self._bounds(leaf_id)
             if bounds is not None:
                 lo, hi = (self.constants[name] for name in bounds[:2])
                 if not bounds[2]:  # uniform: scalars of the leaf's dtype
                     lo, hi = int(lo), int(hi)
-            takes_int = scalar and leaf.kind == "discrete" and dtype == np.int64
+            takes_int = scalar and leaf.codec.takes_python_ints and dtype == np.int64
             leaves.append((dtype.kind, dtype.itemsize, None if scalar else tuple(shape), leaf.offset, lo, hi,
                            dtype.type if scalar else None, takes_int))
-        return _fastpack.make_spec(self.layout.nbytes, tuple(self.layout.gaps), tuple(leaves))
+        return _fastpack.make_spec(self.packer.nbytes, tuple(self.packer.gaps), tuple(leaves))
 
     def _name(self, prefix: str) -> str:
         self.counter += 1
         return f"{prefix}{self.counter}"
 
-    def _extract(self, node: "Node", expr: str, path: tuple, DictNode: type, TupleNode: type) -> None:
-        """Lines that bind each leaf of the sample ``expr`` to a local, checking containers on the way."""
-        if type(node) is DictNode:
-            lines = self.py_lines
-            lines.append(f"if {expr}.__class__ is not dict and not isinstance({expr}, dict): return False")
-            lines.append(f"if len({expr}) != {len(node.keys)}: return False")
-            for key, child in zip(node.keys, node.children):
-                local = self._name("d")
-                lines.append(f"{local} = {expr}[{self._const(key)}]")
-                self._extract(child, local, path + (key,), DictNode, TupleNode)
-        elif type(node) is TupleNode:
-            lines = self.py_lines
-            lines.append(f"if {expr}.__class__ is not tuple and {expr}.__class__ is not list: return False")
-            lines.append(f"if len({expr}) != {len(node.children)}: return False")
-            for i, child in enumerate(node.children):
-                local = self._name("t")
-                lines.append(f"{local} = {expr}[{i}]")
-                self._extract(child, local, path + (i,), DictNode, TupleNode)
-        else:
-            self._leaf(node, expr, path)
-
-    def _leaf(self, node: Any, expr: str, path: tuple) -> None:
+    def _leaf(self, node: LeafNode, expr: str, path: tuple) -> None:
         codec, leaf_ids = node.codec, node.leaf_ids
-        leaves = [self.layout.leaves[i] for i in leaf_ids]
-        dtype = leaves[0].dtype
+        leaf = self.leaves[leaf_ids[0]]
+        dtype = leaf.dtype
         # a uint64 Discrete: its int64 scalar argument would meet uint64 bounds in a float comparison
         # a 0-d bool: its scalar argument would be read as a bool, so it is checked by the codec; so is a
-        # user's codec that keeps a built-in kind but checks in its own way (register_space)
-        own_check = type(codec).check is not getattr(LeafCodec.kinds.get(codec.kind), "check", None)
-        in_kernel = (codec.kind in CHECKED_IN_KERNEL and not own_check and len(leaves) == 1 and dtype in _NUMBA_DTYPES
-                     and not (codec.kind == "discrete" and dtype == np.uint64)
-                     and not (dtype == np.bool_ and leaves[0].shape == ()))
-        if in_kernel and leaves[0].shape == () and dtype.kind == "f":
+        # codec whose check is more than its bounds (a user's, through register_space)
+        in_kernel = (codec.check_is_bounds() and dtype in _NUMBA_DTYPES
+                     and not (codec.takes_python_ints and dtype == np.uint64)
+                     and not (dtype == np.bool_ and leaf.shape == ()))
+        if in_kernel and leaf.shape == () and dtype.kind == "f":
             # a float goes in as a 0-d array: as a scalar argument it would pass through a double,
             # which quietens a float32 signalling NaN
             exact = self._name("_scalar")
             self.objects[exact] = dtype.type
             self.py_checks.append(f"if {expr}.__class__ is {exact}: {expr} = _asarray({expr})")
             self.fields.append((leaf_ids[0], expr, False))
-            return
-        if in_kernel and leaves[0].shape == ():
+        elif in_kernel and leaf.shape == ():
             # scalars go in as scalars of an exact class only: Numba would cast a float to an int
             exact = self._name("_scalar")
-            self.objects[exact] = leaves[0].dtype.type
-            if codec.kind == "discrete":  # a Discrete sample is a Python or NumPy integer
+            self.objects[exact] = dtype.type
+            if codec.takes_python_ints:  # a Discrete sample is a Python or NumPy integer
                 self.py_checks.append(f"if {expr}.__class__ is not _int and {expr}.__class__ is not _int64 "
                                       f"and {expr}.__class__ is not {exact}: return False")
             else:  # a 0-d array gives its NumPy scalar
                 self.py_checks.append(f"if {expr}.__class__ is _ndarray: {expr} = {expr}[()]")
                 self.py_checks.append(f"if {expr}.__class__ is not {exact}: return False")
             self.fields.append((leaf_ids[0], expr, True))
-            return
-        if in_kernel and dtype == np.bool_:  # its bytes (a non-contiguous last axis raises: the checked path)
+        elif in_kernel and dtype == np.bool_:  # its bytes (a non-contiguous last axis raises: the checked path)
             self.objects["_uint8"] = np.dtype(np.uint8)
             self.py_checks.append(f"if {expr}.__class__ is _ndarray: {expr} = {expr}.view(_uint8)")
             self.fields.append((leaf_ids[0], expr, False))
-            return
-        if in_kernel:
+        elif in_kernel:
             self.fields.append((leaf_ids[0], expr, False))
-            return
-        # checked in Python by the codec (raises EmulationError on bad input), copied by the kernel
-        self._codec_checked.update(leaf_ids)
-        check, where = self._name("_check"), self._name("_path")
-        self.objects[check], self.objects[where] = codec.check, path
-        checked = self._name("c")
-        self.py_checks.append(f"{checked} = {check}({expr}, {where})")
-        for j, leaf_id in enumerate(leaf_ids):
-            bits = _BITS_OF.get(self.layout.leaves[leaf_id].dtype)
-            arg = f"{checked}[{j}]"
-            if bits is not None:
-                dtype = self._name("_bits")
-                self.objects[dtype] = bits
-                arg = f"{arg}.view({dtype})"
-            self.fields.append((leaf_id, arg, False))
+        else:  # checked in Python by the codec (raises EmulationError on bad input), copied by the kernel
+            self._codec_checked.update(leaf_ids)
+            check, where, checked = self._name("_check"), self._name("_path"), self._name("c")
+            self.objects[check], self.objects[where] = codec.check, path
+            self.py_checks.append(f"{checked} = {check}({expr}, {where})")
+            for j, leaf_id in enumerate(leaf_ids):
+                bits = _BITS_OF.get(self.leaves[leaf_id].dtype)
+                arg = f"{checked}[{j}]"
+                if bits is not None:
+                    view = self._name("_bits")
+                    self.objects[view] = bits
+                    arg = f"{arg}.view({view})"
+                self.fields.append((leaf_id, arg, False))
 
     def _const(self, key: Any) -> str:
         if isinstance(key, (str, int, float, bool)) or key is None:
@@ -372,9 +305,8 @@ class _Source:
         """(leaf id, dtype as the kernel sees it, shape, is a scalar argument) per kernel argument."""
         out = []
         for leaf_id, _, scalar in sorted(self.fields):
-            leaf = self.layout.leaves[leaf_id]
-            dtype = _BITS_OF.get(leaf.dtype, leaf.dtype)
-            out.append((leaf_id, dtype, leaf.shape, scalar))
+            leaf = self.leaves[leaf_id]
+            out.append((leaf_id, _BITS_OF.get(leaf.dtype, leaf.dtype), leaf.shape, scalar))
         return out
 
     def signature(self, generic: bool) -> tuple:
@@ -382,113 +314,89 @@ class _Source:
         for leaf_id, dtype, shape, scalar in self._kernel_types():
             nbtype = numba.from_dtype(dtype)
             if scalar:
-                leaf = self.layout.leaves[leaf_id]
-                sig.append(types.int64 if leaf.kind == "discrete" else numba.from_dtype(dtype))
+                sig.append(types.int64 if self.leaves[leaf_id].codec.takes_python_ints else nbtype)
             elif generic:
                 sig.append(types.Array(nbtype, len(shape), "A", readonly=True))
             else:
                 sig.append(types.Array(nbtype, len(shape), "C"))
         return tuple(sig)
 
-    def _kernel_lines(self, contiguous: bool) -> list[str]:
+    def _kernel(self, code: Code, contiguous: bool) -> None:
         """``_kernel_c_py`` for C-contiguous leaves (flat check loops, which vectorize, and memmoves),
         or ``_kernel_a_py`` for leaves in any memory layout (nested loops)."""
         kinds = self._kernel_types()
-        args = [f"a{leaf_id}" for leaf_id, *_ in kinds]
-        checks, copies = [], []
-        for leaf_id, dtype, shape, scalar in kinds:
-            leaf = self.layout.leaves[leaf_id]
-            a = f"a{leaf_id}"
-            code = leaf_id + 1
-            if not scalar and shape:
-                checks.append(f"    if {a}.shape != {tuple(shape)!r}:")
-                checks.append(f"        return {code}")
-            checks += self._range_lines(leaf_id, a, scalar, code, contiguous)
-            copies += self._copy_lines(leaf, dtype, a, scalar, contiguous)
-        name = "_kernel_c_py" if contiguous else "_kernel_a_py"
-        return [f"def {name}(rows, r, " + ", ".join(args) + "):",
-                "    # every check before any write: a refused sample leaves the row as it was",
-                *checks,
-                "    row = rows[r]",
-                *copies,
-                *(f"    row[{start}:{end}] = 0" for start, end in self.layout.gaps),
-                "    return 0"]
+        args = ", ".join(f"a{leaf_id}" for leaf_id, *_ in kinds)
+        with code.block(f"def {'_kernel_c_py' if contiguous else '_kernel_a_py'}(rows, r, {args}):"):
+            code("# every check before any write: a refused sample leaves the row as it was")
+            for leaf_id, dtype, shape, scalar in kinds:
+                a, refused = f"a{leaf_id}", f"return {leaf_id + 1}"
+                if not scalar and shape:
+                    with code.block(f"if {a}.shape != {tuple(shape)!r}:"):
+                        code(refused)
+                self._range_check(code, leaf_id, a, scalar, refused, contiguous)
+            code("row = rows[r]")
+            for leaf_id, dtype, shape, scalar in kinds:
+                self._copy(code, self.leaves[leaf_id], dtype, f"a{leaf_id}", scalar, contiguous)
+            code(*(f"row[{start}:{end}] = 0" for start, end in self.packer.gaps), "return 0")
 
     def _bounds(self, leaf_id: int) -> tuple[str, str, bool] | None:
         """Names of the module constants bounding a leaf, and whether they are flat arrays (else scalars)."""
         if leaf_id in self._bound_names:
             return self._bound_names[leaf_id]
-        leaf = self.layout.leaves[leaf_id]
-        rng = getattr(self._codec_of(leaf), "bounds", None) if leaf.field is None else None
+        leaf = self.leaves[leaf_id]
+        bounds = leaf.bounds
         found = None
-        if leaf.kind in CHECKED_IN_KERNEL and rng is not None and rng.integer and rng.needed and leaf_id not in self._codec_checked:
+        if bounds is not None and bounds.integer and bounds.needed and leaf_id not in self._codec_checked:
             lo, hi = self._name("_lo"), self._name("_hi")
             dtype = _BITS_OF.get(leaf.dtype, leaf.dtype)
-            if leaf.shape == () or rng.uniform is not None:
-                low, high = (rng.low[()], rng.high[()]) if leaf.shape == () else rng.uniform
+            if leaf.shape == () or bounds.uniform is not None:
+                low, high = (bounds.low[()], bounds.high[()]) if leaf.shape == () else bounds.uniform
                 # NumPy scalars of the leaf's dtype: a mixed signed/unsigned comparison would go through float
                 self.constants[lo], self.constants[hi] = dtype.type(low), dtype.type(high)
                 found = (lo, hi, False)
             else:
-                self.constants[lo], self.constants[hi] = rng.low.reshape(-1).copy(), rng.high.reshape(-1).copy()
+                self.constants[lo], self.constants[hi] = bounds.low.reshape(-1).copy(), bounds.high.reshape(-1).copy()
                 found = (lo, hi, True)
         self._bound_names[leaf_id] = found
         return found
 
-    def _range_lines(self, leaf_id: int, a: str, scalar: bool, code: int, contiguous: bool) -> list[str]:
+    def _range_check(self, code: Code, leaf_id: int, a: str, scalar: bool, refused: str, contiguous: bool) -> None:
         bounds = self._bounds(leaf_id)
         if bounds is None:
-            return []
+            return
         lo, hi, elementwise = bounds
-        shape = self.layout.leaves[leaf_id].shape
+        shape = self.leaves[leaf_id].shape
         if scalar:
-            return [f"    if {a} < {lo} or {a} > {hi}:", f"        return {code}"]
+            with code.block(f"if {a} < {lo} or {a} > {hi}:"):
+                code(refused)
+            return
+        code("bad = False")  # no early exit: the loop stays branch-free and vectorizes
         if contiguous or not shape:
-            flat = f"{a}.reshape(-1)" if shape else f"{a}.reshape(1)"
-            loops, at, inner = [f"    flat = {flat}", "    for k in range(flat.size):"], "k", "        "
-            value = "flat[k]"
+            code(f"flat = {a}.reshape({'-1' if shape else '1'})")
+            sizes, flat_index = ["flat.size"], None
         else:
-            loops, idx = _loops(shape, "    ", a)
-            inner = "    " * (len(shape) + 1)
-            at = _flat_index(shape)
-            value = f"{a}[{idx}]"
-        low, high = (f"{lo}[{at}]", f"{hi}[{at}]") if elementwise else (lo, hi)
-        # no early exit: the loop stays branch-free and vectorizes
-        return ["    bad = False", *loops,
-                f"{inner}x = {value}",
-                f"{inner}bad |= (x < {low}) | (x > {high})",
-                "    if bad:", f"        return {code}"]
+            sizes, flat_index = [f"{a}.shape[{k}]" for k in range(len(shape))], _flat_index(shape)
+        with code.loops(sizes) as idx:
+            at = flat_index or idx
+            low, high = (f"{lo}[{at}]", f"{hi}[{at}]") if elementwise else (lo, hi)
+            code(f"x = {'flat[i0]' if flat_index is None else f'{a}[{idx}]'}", f"bad |= (x < {low}) | (x > {high})")
+        with code.block("if bad:"):
+            code(refused)
 
-    def _copy_lines(self, leaf: Any, dtype: np.dtype, a: str, scalar: bool, contiguous: bool) -> list[str]:
-        typed = f"row.view(np.{dtype.name})"
+    def _copy(self, code: Code, leaf: Any, dtype: np.dtype, a: str, scalar: bool, contiguous: bool) -> None:
         start = leaf.offset // dtype.itemsize
         if scalar:
-            return [f"    {typed}[{start}] = {a}"]
-        if not leaf.shape:  # a 0-d array, in any memory layout: its one element's bytes
-            return [f"    copy_bytes(row, {leaf.offset}, {a})"]
-        dest = self._name("out")
-        if contiguous:  # shape and dtype checked, so the bytes are exactly the leaf's
-            return [f"    copy_bytes(row, {leaf.offset}, {a})"]
-        loops, idx = _loops(leaf.shape, "    ", a)
-        inner = "    " * (len(leaf.shape) + 1)
-        return [f"    {dest} = {typed}", *loops, f"{inner}{dest}[{start} + {_flat_index(leaf.shape)}] = {a}[{idx}]"]
-
-    def _codec_of(self, leaf: Any) -> Any:
-        from packrl.emulation.layout import iter_leaf_nodes
-
-        for _, node in iter_leaf_nodes(self.layout.root):
-            if self.layout.leaves[node.leaf_ids[0]] is leaf:
-                return node.codec
-        raise KeyError(leaf.name)
+            code(f"row.view(np.{dtype.name})[{start}] = {a}")
+        elif contiguous or not leaf.shape:  # shape and dtype checked, so the bytes are exactly the leaf's
+            code(f"copy_bytes(row, {leaf.offset}, {a})")
+        else:
+            dest = self._name("out")
+            code(f"{dest} = row.view(np.{dtype.name})")
+            with code.loops([f"{a}.shape[{k}]" for k in range(len(leaf.shape))]) as idx:
+                code(f"{dest}[{start} + {_flat_index(leaf.shape)}] = {a}[{idx}]")
 
 
 def _flat_index(shape: tuple) -> str:
-    """The C-order flat index of ``i0, i1, ...`` in an array of ``shape``."""
+    """The C-order flat index of ``i0, i1, ...`` in an array of ``shape``. (Loops run to runtime trip
+    counts: constant ones make LLVM unroll, and compile for seconds.)"""
     return " + ".join(f"i{k} * {int(np.prod(shape[k + 1:]))}" for k in range(len(shape)))
-
-
-def _loops(shape: tuple, indent: str, a: str) -> tuple[list[str], str]:
-    """Nested ``for`` lines over the shape of ``a`` (already checked to be ``shape``) and the index
-    expression ``i0, i1, ...``. Runtime trip counts: constant ones make LLVM unroll, and compile for seconds."""
-    lines = [f"{indent}{'    ' * k}for i{k} in range({a}.shape[{k}]):" for k in range(len(shape))]
-    return lines, ", ".join(f"i{k}" for k in range(len(shape)))

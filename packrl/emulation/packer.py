@@ -1,0 +1,255 @@
+"""Packer: how a Layout writes samples into rows, and when it moves to the compiled pack.
+
+Every sample is packed on the checked Python path (flatten the tree, each codec checks its leaf,
+then every leaf is written) until the layout has packed ``COMPILE_AFTER`` samples in this
+process; from then on the generated, compiled pack of ``packrl.emulation.compiled`` takes the
+samples it can and hands anything it refuses back to the checked path, which converts what
+converts exactly and names what does not. The Packer holds only the layout's parts (no
+reference back to the Layout), so nothing it caches keeps a cycle alive.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from packrl.emulation.codecs import LeafCodec
+from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, flatten, iter_leaves
+from packrl.emulation.values import format_path, python_ints
+from packrl.errors import EmulationError
+
+COMPILE_AFTER = 256
+"""Samples a layout packs on the Python path before packrl compiles its pack (a few seconds the
+first time on a machine, then loaded from Numba's disk cache)."""
+
+MAX_COMPILED_LEAVES = 128
+"""Layouts with more leaves stay on the Python path: the compile time grows with the leaves."""
+
+STACK_INTO_ROWS_BYTES = 1024
+"""Leaves at least this large are stacked straight into the rows; smaller ones go through one
+``np.array`` of the column (a C loop, several times cheaper than ``np.stack`` on small arrays)."""
+
+WIDER_ROWS_HINT = ("; rows of a multi-agent env whose agents' spaces differ are as wide as the widest: "
+                   "take one group's rows with env.emulated.rows_for(rows, group)")
+
+
+class Packer:
+    """The pack side of a layout: buffer checks, the checked Python path, and the tiers (env
+    ``PACKRL_COMPILE_PACK``: ``auto`` compiles after ``COMPILE_AFTER`` samples, ``always``,
+    ``never``). ``compiled``: None until tried, False where it cannot be made, else the CompiledPack."""
+
+    def __init__(self, root: Node, leaves: tuple, nbytes: int, gaps: tuple, key: str):
+        self.root, self.leaves, self.nbytes, self.gaps, self.key = root, leaves, nbytes, gaps, key
+        self.leaf_nodes = tuple(iter_leaves(root))
+        self.packs = 0
+        self.compiled: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "packs": 0, "compiled": None}  # the compiled pack is made again where used
+
+    # ------------------------------------------------------------ tiers
+
+    def compiled_pack(self) -> Any:
+        """The compiled pack, made now if it is not yet; None where it cannot be made."""
+        if self.compiled is None:
+            self.compiled = False
+            if len(self.leaves) <= MAX_COMPILED_LEAVES:
+                from packrl.emulation.compiled import CompiledPack  # imports Numba: only once a layout is hot
+
+                try:
+                    self.compiled = CompiledPack(self)
+                except Exception as err:  # noqa: BLE001 - any failure leaves the checked Python path
+                    warnings.warn(f"packrl: no compiled pack for this layout ({type(err).__name__}: {err}); "
+                                  "packing stays on the checked Python path", RuntimeWarning, stacklevel=3)
+        return self.compiled or None
+
+    def hot(self, count: int) -> Any:
+        """Count ``count`` packed samples; the CompiledPack once the layout is hot, else None."""
+        if self.compiled is not None:
+            return self.compiled or None
+        self.packs += count
+        mode = os.environ.get("PACKRL_COMPILE_PACK", "auto")
+        if mode == "never" or (mode != "always" and self.packs < COMPILE_AFTER):
+            return None
+        return self.compiled_pack()
+
+    # ------------------------------------------------------------ buffers
+
+    def check_buffer(self, buf: Any, batch_ndim: int | None) -> None:
+        if not isinstance(buf, np.ndarray):
+            raise EmulationError(f"expected a numpy uint8 array of rows, got {type(buf).__name__}")
+        if buf.dtype != np.uint8:
+            raise EmulationError(f"rows must be uint8, got {buf.dtype} (a float cast of packed rows destroys them)")
+        if buf.ndim < 1 or buf.shape[-1] != self.nbytes:
+            wider = WIDER_ROWS_HINT if buf.ndim and buf.shape[-1] > self.nbytes else ""
+            raise EmulationError(f"rows must have a last axis of {self.nbytes} bytes, got shape {buf.shape}{wider}")
+        if batch_ndim is not None and buf.ndim != batch_ndim + 1:
+            raise EmulationError(f"expected {batch_ndim + 1}-d rows, got shape {buf.shape}")
+        if buf.size and buf.shape[-1] > 1 and buf.strides[-1] != 1:
+            raise EmulationError(f"rows must be contiguous along the byte axis, got strides {buf.strides}")
+
+    def views(self, buf: Any, batch: tuple) -> list:
+        """One typed view of ``buf`` per leaf, shape ``batch + leaf.shape``."""
+        return [buf[..., leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(batch + leaf.shape)
+                for leaf in self.leaves]
+
+    # ------------------------------------------------------------ the checked Python path
+
+    def checked(self, values: list, batch: tuple) -> list:
+        """(leaf id, exact array) per field, each leaf's value (in leaf order) checked by its codec."""
+        out = []
+        for (path, node), value in zip(self.leaf_nodes, values):
+            out.extend(zip(node.leaf_ids, node.codec.check(value, path, batch)))
+        return out
+
+    def write(self, sample: Any, views: list, batch: tuple) -> None:
+        """Check ``sample`` (one, or one batched structure for a batch of rows), then write it.
+        Nothing is written when it is refused."""
+        items = "batched items" if batch else "items"
+        for leaf_id, arr in self.checked(flatten(self.root, sample, items=items), batch):
+            views[leaf_id][...] = arr
+
+    def write_slow(self, sample: Any, rows: np.ndarray, views: list, batch: tuple) -> None:
+        """``write``, the padding zeroed too (as the compiled pack does)."""
+        check_writable(rows, "pack: out")
+        self.write(sample, views, batch)
+        for start, end in self.gaps:
+            rows[..., start:end] = 0
+
+    # ------------------------------------------------------------ many samples
+
+    def batch_size(self, samples: Any) -> int:
+        if isinstance(samples, list):
+            return len(samples)
+        if isinstance(samples, tuple) and type(self.root) is not TupleNode:
+            raise EmulationError("pack_batch takes a list of samples or one batched structure, got a tuple "
+                                 f"of {len(samples)} items (a list of samples?)")
+        values = flatten(self.root, samples, items="batched items")
+        if not values:
+            return 0
+        shape = np.shape(values[0])
+        if not shape:
+            raise EmulationError(f"leaf {format_path(self.leaf_nodes[0][0])}: a batched structure needs a leading batch axis")
+        return shape[0]
+
+    def pack_rows(self, samples: Any, rows: np.ndarray, n: int) -> np.ndarray:
+        """Pack a list of ``n`` samples, or one batched structure, into ``rows`` (``(n, nbytes)``)."""
+        listed = isinstance(samples, list)
+        for start, end in self.gaps:
+            rows[:, start:end] = 0
+        if listed and n and self.hot(n) is not None and rows.flags.c_contiguous \
+                and self.compiled.pack_many(samples, rows, 0) == n:
+            return rows
+        views = self.views(rows, (n,))
+        if listed:
+            self._write_columns(samples, views)
+        else:
+            self.write(samples, views, (n,))
+        return rows
+
+    def _write_columns(self, samples: list, views: list) -> None:
+        """Write a list of samples one leaf across all samples at a time: one stack and one check per leaf."""
+        flat = []
+        for i, sample in enumerate(samples):
+            try:
+                flat.append(flatten(self.root, sample))
+            except EmulationError as err:
+                raise EmulationError(f"sample {i}: {err}") from None
+        columns = zip(*flat) if flat else ([] for _ in self.leaf_nodes)
+        for (path, node), column in zip(self.leaf_nodes, columns):
+            self._write_column(node, list(column), views, path)
+
+    def _write_column(self, node: Any, column: list, views: list, path: tuple) -> None:
+        codec, n = node.codec, len(column)
+        view = views[node.leaf_ids[0]]
+        if codec.stores_input and n and view.nbytes >= STACK_INTO_ROWS_BYTES * n:
+            try:  # large leaves go straight into the rows; this succeeds only when every dtype already matches
+                np.stack(column, out=view, casting="no")
+            except (TypeError, ValueError):
+                pass
+            else:
+                codec.check(view, path, (n,))  # ranges and bounds, once for the whole batch
+                return
+        for leaf_id, arr in zip(node.leaf_ids, codec.check(_column_array(codec, column, path), path, (n,))):
+            views[leaf_id][...] = arr
+
+
+class BoundRows:
+    """Rows bound to a layout's packer: their leaf views are made once. ``pack`` writes one sample
+    (or one batched structure, for a batch of rows) through the compiled pack once the layout is
+    hot, else (and to explain a refusal) through the checked Python path. Holds no reference to the
+    Layout, so the layout's cache of its last buffer makes no cycle."""
+
+    def __init__(self, packer: Packer, rows: np.ndarray, unflatten: Any):
+        packer.check_buffer(rows, batch_ndim=None)
+        self.packer, self.rows = packer, rows
+        self.batch = rows.shape[:-1]
+        self.views = packer.views(rows, self.batch)
+        self.tree = unflatten(self.views)
+        # a Dict of plain leaves unpacks as a copy of this tree: the same views in a new dict, made in C
+        root = packer.root
+        plain = type(root) is DictNode and all(type(c) is LeafNode and type(c.codec).view is LeafCodec.view
+                                               for c in root.children)
+        self.copy_tree = self.tree.copy if plain else None
+        # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
+        self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable \
+            else None
+        self._fast: Any = None  # the compiled pack, once the layout is hot
+
+    def pack(self, sample: Any) -> None:
+        """Check and write one sample. Nothing is written when the sample is refused."""
+        fast = self._fast
+        if fast is None and self._rows2d is not None:
+            compiled = self.packer.hot(1)
+            fast = self._fast = compiled.pack if compiled is not None else None
+        if fast is None or not fast(sample, self._rows2d, 0):
+            self.packer.write_slow(sample, self.rows, self.views, self.batch)
+
+    def pack_checked(self, sample: Any) -> None:
+        """The checked Python path alone (padding left as it is)."""
+        self.packer.write(sample, self.views, self.batch)
+
+
+def check_writable(buf: np.ndarray, what: str) -> None:
+    if not buf.flags.writeable:
+        raise EmulationError(f"{what} is a read-only array: packing writes into it (pass a writable copy)")
+
+
+def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
+    """One leaf of many samples as one array (object array for strings). Where the column does not
+    read as one regular numeric array, each sample is checked as ``pack`` checks it, so
+    ``pack_batch`` accepts and refuses exactly the samples ``pack`` does, and names the sample."""
+    if codec.is_string:
+        arr = np.empty(len(column), dtype=object)
+        arr[:] = column
+        return arr
+    if not column:
+        return np.zeros((0,) + codec.fields[0].shape, codec.fields[0].dtype)
+    field = codec.fields[0]
+    arrays = [type(v) is np.ndarray for v in column]
+    if codec.stores_input and any(arrays):
+        for i, v in enumerate(column):  # shapes first: np.array of a huge stride-0 view would copy all of it
+            if arrays[i] and v.shape != field.shape:
+                raise EmulationError(f"sample {i}: leaf {format_path(path)}: shape {v.shape} does not match the "
+                                     f"space's {field.shape}")
+    try:
+        arr = np.array(column)
+    except (ValueError, TypeError, OverflowError):
+        arr = None
+    if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1 \
+            and not any([a and v.dtype == object for a, v in zip(arrays, column)]):  # pack refuses object arrays
+        # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
+        exact = python_ints(column, field.dtype, (len(column), *field.shape), path)
+        if exact is not None:
+            return exact
+    if arr is not None and arr.dtype != object:
+        return arr
+    checked = []  # the column checked sample by sample (as pack checks one), stacked
+    for i, value in enumerate(column):
+        try:
+            checked.append(codec.check(value, path)[0])
+        except EmulationError as err:
+            raise EmulationError(f"sample {i}: {err}") from None
+    return np.stack(checked)
