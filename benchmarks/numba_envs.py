@@ -4,7 +4,10 @@ threaded crossover and the kernels' compile and cache-load times (each in a fres
 
 Targets on 2 cores (issue 5): >= 10x CartPoleVectorEnv at 64 envs, >= 2x at 4096, >= 100x
 SyncVectorEnv at 4096. Each cell: median of --repeats timed runs of fixed random actions.
-Usage: python benchmarks/numba_envs.py [--repeats N] [--quick]
+--interleave R: instead, R rounds that time the serial loop, 2 threads and CartPoleVectorEnv in turn
+at --sizes (default 4096), each round with the cores other jobs kept busy meanwhile, and the ratio of
+each round's pair (the load falls on both sides alike).
+Usage: python benchmarks/numba_envs.py [--repeats N] [--quick] [--interleave R [--sizes 4096] [--seconds S]]
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
 from common import machine_line
+from vector import busy_cpu_s
 
 import packrl.envs as envs
 
@@ -149,13 +153,51 @@ def compile_times() -> None:
             print(f"  {label}: process {total:.1f}s (import {data['import_s']:.1f}s) | {parts}")
 
 
+def interleaved_rounds(n: int, rounds: int, seconds: float) -> None:
+    """Rounds of (serial, 2 threads, CartPoleVectorEnv) at ``n`` envs, each timed for ``seconds``."""
+    built = {name: make() for name, make in makers(n).items() if "Sync" not in name}
+    actions = np.random.default_rng(0).integers(0, 2, (16, n))
+    for step in built.values():
+        for k in range(20):
+            step(actions[k % 16])
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    other: dict[str, list[float]] = {name: [] for name in built}
+    for _ in range(rounds):
+        for name, step in built.items():
+            machine, own = busy_cpu_s(), time.process_time()
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for k in range(10):
+                    step(actions[k])
+                calls += 10
+            wall = time.perf_counter() - start
+            rates[name].append(calls * n / wall)
+            other[name].append((busy_cpu_s() - machine - (time.process_time() - own)) / wall)
+    anchor = rates["gymnasium CartPoleVectorEnv"]
+    print(f"\n{n} envs, {rounds} interleaved rounds of {seconds} s each: M agent-steps/s @ cores other jobs used")
+    for name, r in rates.items():
+        cells = " ".join(f"{x / 1e6:.1f}@{o:.1f}" for x, o in zip(r, other[name]))
+        print(f"  {name:<28} median {statistics.median(r) / 1e6:6.2f}M  rounds: {cells}")
+    for name in ("packrl numba (serial)", "packrl numba (2 threads)"):
+        pairs = sorted(a / b for a, b in zip(rates[name], anchor))
+        print(f"  {name} / CartPoleVectorEnv, paired by round: median {statistics.median(pairs):.2f}x "
+              f"[{pairs[0]:.2f}-{pairs[-1]:.2f}], >= 2x in {sum(p >= 2 for p in pairs)} of {len(pairs)} rounds")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
+    parser.add_argument("--interleave", type=int, default=0, help="rounds of serial / 2 threads / VectorEnv in turn")
+    parser.add_argument("--sizes", default="4096", help="env counts for --interleave, e.g. 64,4096")
+    parser.add_argument("--seconds", type=float, default=0.3, help="seconds per timed run in --interleave")
     args = parser.parse_args()
     budget = 0.1 if args.quick else 0.5
     print(machine_line())
+    if args.interleave:
+        for n in (int(x) for x in args.sizes.split(",")):
+            interleaved_rounds(n, args.interleave, args.seconds)
+        return
     print("note: the project machine is shared with other jobs; the load above slows every column alike")
     sizes = (1, 64, 4096)
     for n in (1, 64, 4096):
