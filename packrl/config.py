@@ -26,7 +26,7 @@ from packrl.errors import ConfigError
 SECTIONS = ("env", "vec", "policy", "train")
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
 BACKENDS = ("auto", "serial", "multiprocessing", "numba", "ray")
-LEAF_ENCODERS = ("flat", "embedding", "cnn", "nature", "impala", "drop")
+LEAF_ENCODERS = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words", "drop")
 
 
 # ---------------------------------------------------------------- ranges
@@ -128,7 +128,7 @@ class PolicyConfig:
     decoder: Literal["default"] = field(default="default", metadata=_meta(
         "action heads from the action layout (masked when the env has an action mask)"))
     overrides: dict = field(default_factory=dict, metadata=_meta(
-        "per-leaf encoders: a table of 'leaf/path' = flat, embedding, cnn, nature, impala or drop",
+        "per-leaf encoders: a table of 'leaf/path' = flat, embedding, cnn, nature, impala, cells, words or drop",
         check=_check_overrides))
 
 

@@ -16,7 +16,7 @@ MAX_HIDDEN = 1 << 14
 matrix); checked before a policy is built."""
 
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
-OVERRIDE_CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "drop")
+OVERRIDE_CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words", "drop")
 
 
 def checked_config(metadata: dict, file: Path) -> dict:
