@@ -43,7 +43,7 @@ from numba.core import errors as numba_errors
 from numba.core.dispatcher import Dispatcher
 from numba.extending import overload
 
-from packrl._codegen import import_generated
+from packrl._codegen import Code, import_generated
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
@@ -150,7 +150,7 @@ def leaf_checks(env: NumbaEnv, layout: Layout) -> tuple[LeafCheck, ...]:
     """One check per leaf: NaN for float leaves, the space's bounds for bounded integer leaves."""
     checks, seen = [], {}
     for i, leaf in enumerate(layout.leaves):
-        if leaf.kind in ("text", "bounded_string"):
+        if leaf.codec.is_string:
             raise EnvError(f"numba env {env.name!r}: observation leaf {leaf.name!r} is a string; Numba envs take numeric leaves only")
         name = _leaf_field_name(leaf)
         _check_identifier(env.name, "observation leaf", name)
@@ -164,24 +164,14 @@ def leaf_checks(env: NumbaEnv, layout: Layout) -> tuple[LeafCheck, ...]:
 
 
 def _bounds(env: NumbaEnv, leaf: Leaf, shape: tuple) -> tuple:
-    space, dtype = leaf.space, leaf.dtype
-    if dtype.kind == "f":
+    """NaN for float leaves; the leaf's own bounds (``leaf.bounds``) for integer leaves narrower
+    than their dtype; nothing for bools (a kernel writes them canonical) and unbounded leaves."""
+    if leaf.dtype.kind == "f":
         return ("none",) if env.allow_nan else ("nan",)
-    if isinstance(space, spaces.Discrete):
-        low, high = np.int64(space.start), np.int64(space.start) + np.int64(space.n) - 1
-    elif isinstance(space, spaces.MultiDiscrete):
-        low, high = np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec) - 1
-    elif isinstance(space, spaces.MultiBinary):
-        low, high = 0, 1
-    elif isinstance(space, spaces.Box) and dtype.kind in "iu":
-        low, high = np.asarray(space.low), np.asarray(space.high)
-        info = np.iinfo(dtype)
-        if np.all(low <= info.min) and np.all(high >= info.max):
-            return ("none",)  # every bit pattern is a valid value: nothing to check
-    else:
-        return ("none",)
-    return ("range", np.broadcast_to(np.asarray(low).astype(dtype), shape).copy(),
-            np.broadcast_to(np.asarray(high).astype(dtype), shape).copy())
+    bounds = leaf.bounds
+    if bounds is None or not bounds.integer or not bounds.needed or leaf.dtype.kind == "b":
+        return ("none",)  # every bit pattern is a valid value: nothing to check
+    return "range", bounds.low.reshape(shape).copy(), bounds.high.reshape(shape).copy()
 
 
 # ---------------------------------------------------------------- code generation
@@ -261,142 +251,118 @@ class KernelSource:
     def _action_expr(self) -> str:
         return "Action(act_d[i], act_c[i])" if self.action.kind == "hybrid" else "act[i]"
 
-    def _leaf_checks(self, code_offset: int, indent: str) -> list[str]:
-        """Loops over each checked leaf of copy ``i``: on a bad element, record the leaf and return -1."""
-        lines = []
+    def _leaf_checks(self, code: Code, code_offset: int) -> None:
+        """Loops over each checked leaf of copy ``i``: on a bad element, record the leaf in ``bad``
+        and set ``c = -1``."""
         for c in self.checks:
             if c.kind == "none":
                 continue
-            shape = c.leaf.shape or (1,)
-            idx = ", ".join(["i"] + [f"j{d}" for d in range(len(shape))])
-            inner = ", ".join(f"j{d}" for d in range(len(shape)))
-            pad = indent
-            for d, size in enumerate(shape):
-                lines.append(f"{pad}for j{d} in range({size}):")
-                pad += "    "
-            x = f"x{c.index}"  # one name per leaf: leaves differ in dtype
-            lines.append(f"{pad}{x} = o_{c.index}[{idx}]")
-            cond = f"{x} != {x}" if c.kind == "nan" else f"{x} < LOW_{c.index}[{inner}] or {x} > HIGH_{c.index}[{inner}]"
-            lines += [f"{pad}if {cond}:", f"{pad}    bad[i] = {code_offset + c.index}", f"{pad}    return -1"]
-        return lines
+            with code.loops(c.leaf.shape or (1,), var="j") as inner:
+                x = f"x{c.index}"  # one name per leaf: leaves differ in dtype
+                code(f"{x} = o_{c.index}[i, {inner}]")
+                cond = f"{x} != {x}" if c.kind == "nan" else f"{x} < LOW_{c.index}[{inner}] or {x} > HIGH_{c.index}[{inner}]"
+                with code.block(f"if {cond}:"):
+                    code(f"bad[i] = {code_offset + c.index}", "c = -1")
 
-    def _row_copy(self, indent: str) -> list[str]:
+    def _row_copy(self, code: Code) -> None:
         """final_observations[i] = observations[i] as plain loops (Numba's array assignment drags in
         a shape-mismatch error path that costs seconds of compile time)."""
-        if not self.row_shape:
-            return [f"{indent}final_observations[i] = observations[i]"]
-        shape, lines, pad = self.row_shape, [], indent
-        for d, size in enumerate(shape):
-            lines.append(f"{pad}for j{d} in range({size}):")
-            pad += "    "
-        idx = ", ".join(["i"] + [f"j{d}" for d in range(len(shape))])
-        return lines + [f"{pad}final_observations[{idx}] = observations[{idx}]"]
+        with code.loops(self.row_shape, var="j") as inner:
+            code(f"final_observations[i, {inner}] = observations[i, {inner}]" if inner
+                 else "final_observations[i] = observations[i]")
 
-    def _action_checks(self) -> list[str]:
-        """Loops over copy ``i``'s action: return True on a choice or value outside the space."""
-        kind, lines = self.action.kind, []
+    def _action_checks(self, code: Code) -> None:
+        """Loops over copy ``i``'s action: return ``-(i + 1)`` on a choice or value outside the space."""
+        kind, refuse = self.action.kind, "return -(i + 1)"
         if kind == "discrete":
-            return [f"    if act[i] < 0 or act[i] >= {int(self.action.nvec[0])}:", "        return True"]
+            with code.block(f"if act[i] < 0 or act[i] >= {int(self.action.nvec[0])}:"):
+                code(refuse)
+            return
         if self.action.num_discrete:
             d = "act_d" if kind == "hybrid" else "act"
-            lines += [f"    for j in range({self.action.num_discrete}):",
-                      f"        if {d}[i, j] < 0 or {d}[i, j] > ACT_DHIGH[j]:", "            return True"]
+            with code.loops([self.action.num_discrete], var="j") as j:
+                with code.block(f"if {d}[i, {j}] < 0 or {d}[i, {j}] > ACT_DHIGH[{j}]:"):
+                    code(refuse)
         if self.action.num_continuous:
             c = "act_c" if kind == "hybrid" else "act"
-            shape = self.constants["ACT_CLOW"].shape
-            inner = ", ".join(f"j{k}" for k in range(len(shape)))
-            pad = "    "
-            for k, size in enumerate(shape):
-                lines.append(f"{pad}for j{k} in range({size}):")
-                pad += "    "
-            lines += [f"{pad}x = {c}[i, {inner}]",
-                      f"{pad}if not (x >= ACT_CLOW[{inner}] and x <= ACT_CHIGH[{inner}]):", f"{pad}    return True"]
-        return lines
+            with code.loops(self.constants["ACT_CLOW"].shape, var="j") as inner:
+                code(f"x = {c}[i, {inner}]")
+                with code.block(f"if not (x >= ACT_CLOW[{inner}] and x <= ACT_CHIGH[{inner}]):"):
+                    code(refuse)
 
     def source(self) -> str:
         env = self.env
         obs_class = "" if self.passthrough else f'Obs = record("Obs", {tuple(c.field for c in self.checks)!r})\n'
         action_class = 'Action = record("Action", ("discrete", "continuous"))\n' if self.action.kind == "hybrid" else ""
-        out = [_HEADER.format(name=env.name, state_fields=tuple(self.state_fields), obs_class=obs_class,
-                              action_class=action_class, max_steps=int(env.max_episode_steps or 0),
-                              nleaves=len(self.checks))]
-        for name in self.constants:
-            out.append(f"{name} = None")
         nleaves = len(self.checks)
-        body: list[str] = []
+        code = Code()
+        code(_HEADER.format(name=env.name, state_fields=tuple(self.state_fields), obs_class=obs_class,
+                            action_class=action_class, max_steps=int(env.max_episode_steps or 0), nleaves=nleaves))
+        code(*(f"{name} = None" for name in self.constants))
         step_args = ", ".join(self.step_args())
-        # the body of one copy's step, inlined in both loops: every extra level of Numba function
-        # calls re-optimizes everything below it, so a flat kernel compiles in a fraction of the time
-        one = [f"state = {self._state_expr()}",
-               f"obs = {self._obs_expr()}",
-               f"reward, terminated, truncated = check_step_result(_user_step(state, {self._action_expr()}, obs, rng[i]))",
-               "lengths[i, 0] += 1",
-               "returns[i, 0] += reward",
-               "if MAX_STEPS > 0 and lengths[i, 0] >= MAX_STEPS:",
-               "    truncated = True",
-               "rewards[i] = reward",
-               "terminals[i] = terminated",
-               "truncations[i] = truncated",
-               "c = 0"]
-        one += [line.replace("return -1", "c = -1") for line in self._leaf_checks(0, "")]
-        one += ["if c == 0 and (terminated or truncated):"]
-        one += self._row_copy("    ")
-        one += ["    returns[i, 1] = returns[i, 0]",
-                "    lengths[i, 1] = lengths[i, 0]",
-                "    returns[i, 0] = 0.0",
-                "    lengths[i, 0] = 0",
-                "    _user_reset(state, obs, rng[i])"]
-        one += [line.replace("return -1", "c = -1") for line in self._leaf_checks(nleaves, "    ")]
-        one += ["    if c == 0:", "        c = 1"]
-        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def _step_range(lo, hi, {step_args}):",
-                 "    # copies lo .. hi - 1: (episodes ended, copies that wrote a leaf out of its space)",
-                 "    ends = 0",
-                 "    failed = 0",
-                 "    for i in range(lo, hi):"]
-        body += ["        " + line for line in one]
-        body += ["        failed += 1 if c < 0 else 0",
-                 "        ends += c if c > 0 else 0",
-                 "    return ends, failed"]
-        checks = ["    " + line.replace("return True", "return -(i + 1)") for line in self._action_checks()]
-        head = ["    # >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
-                "    # was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
-                "    n = rewards.shape[0]",
-                "    for i in range(n):", *checks]
-        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def step_serial({step_args}):", *head,
-                 f"    ends, failed = _step_range(0, n, {step_args})",
-                 "    return -(n + 1) if failed > 0 else ends"]
+        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
+        with code.block(f"def _step_range(lo, hi, {step_args}):"):
+            code("# copies lo .. hi - 1: (episodes ended, copies that wrote a leaf out of its space)",
+                 "ends = 0", "failed = 0")
+            # the body of one copy's step, inlined in both loops: every extra level of Numba function
+            # calls re-optimizes everything below it, so a flat kernel compiles in a fraction of the time
+            with code.block("for i in range(lo, hi):"):
+                code(f"state = {self._state_expr()}",
+                     f"obs = {self._obs_expr()}",
+                     f"reward, terminated, truncated = check_step_result(_user_step(state, {self._action_expr()}, obs, rng[i]))",
+                     "lengths[i, 0] += 1",
+                     "returns[i, 0] += reward",
+                     "if MAX_STEPS > 0 and lengths[i, 0] >= MAX_STEPS:",
+                     "    truncated = True",
+                     "rewards[i] = reward",
+                     "terminals[i] = terminated",
+                     "truncations[i] = truncated",
+                     "c = 0")
+                self._leaf_checks(code, 0)
+                with code.block("if c == 0 and (terminated or truncated):"):
+                    self._row_copy(code)
+                    code("returns[i, 1] = returns[i, 0]", "lengths[i, 1] = lengths[i, 0]", "returns[i, 0] = 0.0",
+                         "lengths[i, 0] = 0", "_user_reset(state, obs, rng[i])")
+                    self._leaf_checks(code, nleaves)
+                    code("if c == 0:", "    c = 1")
+                code("failed += 1 if c < 0 else 0", "ends += c if c > 0 else 0")
+            code("return ends, failed")
+
+        def head() -> None:
+            code("# >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
+                 "# was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
+                 "n = rewards.shape[0]")
+            with code.block("for i in range(n):"):
+                self._action_checks(code)
+
+        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
+        with code.block(f"def step_serial({step_args}):"):
+            head()
+            code(f"ends, failed = _step_range(0, n, {step_args})", "return -(n + 1) if failed > 0 else ends")
         # parfors need reference counting, so the threaded kernel only splits the copies into chunks
         # and each thread runs the reference-count-free loop above on its chunk
-        body += ["", "", "@njit(cache=True, nogil=True, parallel=True)", f"def step_parallel({step_args}, chunks):", *head,
-                 "    chunks = min(n, chunks)",
-                 "    ends = 0",
-                 "    failed = 0",
-                 "    for c in prange(chunks):",
-                 f"        e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
-                 "        ends += e",
-                 "        failed += f",
-                 "    return -(n + 1) if failed > 0 else ends"]
-        body += ["", "", "@njit(cache=True, nogil=True, _nrt=False)", f"def reset_all({', '.join(self.reset_args())}):",
-                 "    # reset every copy (seeding copy i with seed + i when seeded); returns the number of bad copies",
-                 "    n = rewards.shape[0]",
-                 "    failed = 0",
-                 "    for i in range(n):",
-                 "        if seeded:",
-                 "            seed_rng(rng[i], seed + i)",
-                 "        rewards[i] = 0.0",
-                 "        terminals[i] = False",
-                 "        truncations[i] = False",
-                 "        returns[i, 0] = 0.0",
-                 "        lengths[i, 0] = 0",
-                 f"        state = {self._state_expr()}",
-                 f"        obs = {self._obs_expr()}",
-                 "        _user_reset(state, obs, rng[i])",
-                 "        c = 0"]
-        body += ["        " + line.replace("return -1", "c = -1") for line in self._leaf_checks(nleaves, "")]
-        body += ["        failed += 1 if c < 0 else 0",
-                 "    return failed",
-                 ""]
-        return "\n".join(out + body)
+        code("", "", "@njit(cache=True, nogil=True, parallel=True)")
+        with code.block(f"def step_parallel({step_args}, chunks):"):
+            head()
+            code("chunks = min(n, chunks)", "ends = 0", "failed = 0",
+                 "for c in prange(chunks):",
+                 f"    e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
+                 "    ends += e",
+                 "    failed += f",
+                 "return -(n + 1) if failed > 0 else ends")
+        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
+        with code.block(f"def reset_all({', '.join(self.reset_args())}):"):
+            code("# reset every copy (seeding copy i with seed + i when seeded); returns the number of bad copies",
+                 "n = rewards.shape[0]", "failed = 0")
+            with code.block("for i in range(n):"):
+                code("if seeded:", "    seed_rng(rng[i], seed + i)", "rewards[i] = 0.0", "terminals[i] = False",
+                     "truncations[i] = False", "returns[i, 0] = 0.0", "lengths[i, 0] = 0",
+                     f"state = {self._state_expr()}", f"obs = {self._obs_expr()}", "_user_reset(state, obs, rng[i])",
+                     "c = 0")
+                self._leaf_checks(code, nleaves)
+                code("failed += 1 if c < 0 else 0")
+            code("return failed")
+        return code.text()
 
 
 # ---------------------------------------------------------------- loading the generated module
