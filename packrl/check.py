@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
+from packrl.emulation.layout import Leaf
 from packrl.emulation.values import format_path
 
 CHECKS = (
@@ -206,7 +206,7 @@ def _check_observations(vecenv: Any, obs: np.ndarray, masks: np.ndarray, step: i
     else:  # a pass-through Box observation: the rows are the leaf itself
         leaves, flat = layout.leaves[:1], [obs[rows]]
     for leaf, value in zip(leaves, flat):
-        bad = _outside(leaf.space, value)
+        bad = _outside(leaf, value)
         if bad is not None:
             index, why, all_rows = bad
             outside[rows[all_rows]] = True
@@ -216,32 +216,24 @@ def _check_observations(vecenv: Any, obs: np.ndarray, masks: np.ndarray, step: i
     return outside
 
 
-def _outside(space: spaces.Space, value: Any) -> tuple[int, str, np.ndarray] | None:
-    """(first row, why, every such row) where the batch ``value`` leaves ``space``; None when all are inside."""
+def _outside(leaf: Leaf, value: Any) -> tuple[int, str, np.ndarray] | None:
+    """(first row, why, every such row) where the batch ``value`` leaves its leaf's bounds (or is
+    NaN); None when all are inside."""
     v = np.asarray(value)
     if not len(v):
         return None
     per_row = lambda mask: mask.reshape(len(v), -1).any(1)  # noqa: E731
-    if isinstance(space, spaces.Box):
-        if v.dtype.kind == "f":
-            nan = per_row(np.isnan(v))
-            if nan.any():
-                return int(np.argmax(nan)), "NaN", nan
-        with np.errstate(invalid="ignore"):
-            out = per_row((v < space.low) | (v > space.high))
-        if out.any():
-            return int(np.argmax(out)), f"outside the Box bounds [{space.low.min()}, {space.high.max()}]", out
+    if v.dtype.kind == "f":
+        nan = per_row(np.isnan(v))
+        if nan.any():
+            return int(np.argmax(nan)), "NaN", nan
+    bounds = leaf.bounds
+    if bounds is None:
         return None
-    if isinstance(space, spaces.Discrete):
-        out = per_row((v < space.start) | (v >= space.start + space.n))
-        return (int(np.argmax(out)), f"outside [{space.start}, {space.start + space.n})", out) if out.any() else None
-    if isinstance(space, spaces.MultiDiscrete):
-        out = per_row((v < space.start) | (v >= space.start + space.nvec))
-        return (int(np.argmax(out)), f"outside start + [0, nvec {space.nvec.tolist()})", out) if out.any() else None
-    if isinstance(space, spaces.MultiBinary):
-        out = per_row((v != 0) & (v != 1))
-        return (int(np.argmax(out)), "not 0 or 1", out) if out.any() else None
-    return None
+    out = per_row(bounds.mask(v.view(np.uint8) if v.dtype == np.bool_ else v))
+    if not out.any():
+        return None
+    return int(np.argmax(out)), f"outside the bounds [{bounds.low.min()}, {bounds.high.max()}] of {leaf.space}", out
 
 
 def _check_step(rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndarray, step: int, problems: dict) -> None:
