@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line, print_table  # noqa: E402
 from emulation import NetHackLike  # noqa: E402
 
-from packrl.emulation.actions import table_choice  # noqa: E402
+from packrl.emulation.actions import fast_decode  # noqa: E402
 from packrl.emulation.gymnasium_env import AGENT, GymnasiumEmulation, _single  # noqa: E402
 
 ROUNDS, CALLS = 40, 10_000
@@ -28,10 +28,10 @@ class Unchecked(GymnasiumEmulation):
     """The step as it was before the checks: rewards and flags stored as the env gave them."""
 
     def step(self, actions):
-        natives = self._natives
-        native = None if natives is None else table_choice(actions, natives)
+        native = fast_decode(self._action_spec, actions)
         if native is None:
-            native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
+            native = self.emulated.action.checked_decode(_single(actions, self.emulated.action.kind),
+                                                         who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
         if self.passthrough:
             self._write(obs)

@@ -6,14 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium import spaces
-from hypothesis import given
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from packrl import EmulationError
 from packrl.emulation import Layout, emulate
 from packrl.emulation import compiled as compiled_module
-from packrl.emulation.actions import _table_choice
 
 from packrl.emulation import _fastpack  # a failed build must fail here, not be skipped
 
@@ -152,27 +148,6 @@ def test_a_malformed_spec_is_refused_when_it_is_made(leaf, message):
 
 
 # ------------------------------------------------------------------ the Discrete action lookup
-
-def small_arrays(dtype: np.dtype):
-    dtype = np.dtype(dtype)
-    elements = st.booleans() if dtype.kind == "b" else st.integers(0 if dtype.kind == "u" else -3, 12)
-    return hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=2, max_side=2), elements=elements)
-
-
-actions = st.one_of(
-    st.sampled_from([np.int64, np.int32, np.uint64, np.float64, np.bool_, ">i8", np.longlong]).flatmap(small_arrays),
-    st.integers(-2**70, 2**70), st.integers(-3, 12), st.booleans(), st.floats(-3, 12),
-    st.integers(-3, 12).map(np.int64), st.integers(-3, 12).map(np.int32), st.integers(-3, 12).map(np.longlong),
-    st.none(), st.text(max_size=2), st.lists(st.integers(-3, 12), max_size=2),
-)
-
-
-@given(actions, st.integers(0, 10))
-def test_the_c_choice_equals_the_python_fallback(action, n):
-    table = tuple(np.int64(100 + i) for i in range(n))
-    got, expected = _fastpack.choice(action, table), _table_choice(action, table)
-    assert got is expected, f"{action!r}: C gave {got!r}, Python {expected!r}"
-
 
 def test_emulate_takes_an_int_action_as_the_array_and_refuses_what_is_out_of_range():
     env = emulate(__import__("gymnasium").make("FrozenLake-v1"))

@@ -335,50 +335,7 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLong(0);
 }
 
-/* choice(action, table): table[c] for a Discrete action c given as an int64 array of one element,
-   a Python int or an int64 NumPy scalar with 0 <= c < len(table); None for anything else (the
-   caller's checked decode takes it from there). */
-static PyObject *choice(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "choice(action, table: tuple)");
-        return NULL;
-    }
-    PyObject *action = args[0], *table = args[1];
-    int64_t c;
-    if (PyArray_CheckExact(action)) {
-        PyArrayObject *arr = (PyArrayObject *)action;
-        if (PyArray_DESCR(arr)->kind != 'i' || PyArray_ITEMSIZE(arr) != 8 || !PyArray_ISNOTSWAPPED(arr) ||
-            PyArray_SIZE(arr) != 1)
-            Py_RETURN_NONE;
-        memcpy(&c, PyArray_DATA(arr), sizeof(c));
-    } else if (PyLong_CheckExact(action)) {
-        int overflow;
-        long long value = PyLong_AsLongLongAndOverflow(action, &overflow);
-        if (overflow || (value == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        c = (int64_t)value;
-    } else if (PyArray_IsScalar(action, LongLong) || PyArray_IsScalar(action, Long)) {
-        PyArray_Descr *descr = PyArray_DescrFromScalar(action);
-        if (descr == NULL) return NULL;
-        int int64 = descr->kind == 'i' && PyDataType_ELSIZE(descr) == 8;
-        Py_DECREF(descr);
-        if (!int64) Py_RETURN_NONE;
-        PyArray_ScalarAsCtype(action, &c);
-    } else {
-        Py_RETURN_NONE;
-    }
-    if (c < 0 || c >= PyTuple_GET_SIZE(table)) Py_RETURN_NONE;
-    PyObject *native = PyTuple_GET_ITEM(table, c);
-    Py_INCREF(native);
-    return native;
-}
-
 static PyMethodDef methods[] = {
-    {"choice", (PyCFunction)(void (*)(void))choice, METH_FASTCALL,
-     "choice(action, table) -> table[c] for an int64 action c in range given as a one-element array, "
-     "an int or an int64 scalar; None otherwise."},
     {"make_spec", make_spec, METH_VARARGS,
      "make_spec(nbytes, gaps, leaves) -> spec: what pack checks and where it writes.\n\n"
      "leaves: one (kind, itemsize, shape or None, offset, lo, hi, scalar_type, takes_int) per argument."},

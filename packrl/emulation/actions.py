@@ -14,31 +14,26 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.layout import DictNode, Layout, LeafNode, TupleNode
-from packrl.emulation.values import _any_outside, exact_array, format_path, refuse_outside
+from packrl.emulation.layout import Layout
+from packrl.emulation.tree import DictNode, LeafNode, fold, iter_leaves, map_leaves
+from packrl.emulation.values import exact_array, format_path, refuse_outside
 from packrl.errors import EmulationError
 
-
-def _table_choice(action: Any, table: tuple) -> Any:
-    """``table[c]`` for a Discrete action ``c`` given as an int64 array of one element, a Python int
-    or an int64 NumPy scalar, with ``0 <= c < len(table)``; None for anything else (the checked
-    decode takes it from there). The C extension's ``choice`` does the same in a tenth of the time."""
-    cls = action.__class__
-    if cls is np.ndarray:
-        if action.dtype.kind != "i" or action.dtype.itemsize != 8 or not action.dtype.isnative or action.size != 1:
-            return None
-        c = action.item()
-    elif cls is int or cls is np.int64 or cls is np.longlong:
-        c = int(action)
-    else:
-        return None
-    return table[c] if 0 <= c < len(table) else None
-
-
 try:
-    from packrl.emulation._fastpack import choice as table_choice
-except ImportError:  # built without a C compiler
-    table_choice = _table_choice
+    from packrl.emulation import _fastaction
+except ImportError:  # built without a C compiler: every action takes the checked Python path
+    _fastaction = None
+
+
+def _not_taken(spec: Any, action: Any) -> None:
+    """What ``fast_decode`` is without the C extension: nothing is taken, the checked path decodes."""
+    return None
+
+
+fast_decode = _fastaction.decode if _fastaction is not None else _not_taken
+"""``fast_decode(layout.spec, action)``: the native action of a policy action in the commonest forms
+(int64 and float32/64 arrays, ints, a hybrid dict of two arrays) when it is inside the space, else
+None (``ActionLayout.decode`` then refuses it, or converts what converts exactly)."""
 
 MAX_BRANCH = 2**24
 """Largest number of choices of one discrete branch (an integer Box wider than this is refused)."""
@@ -64,6 +59,23 @@ class ContinuousPart:
     first: int
 
 
+def outside_choices(choices: Any, nvec: Any) -> Any:
+    """Where a choice is not one of ``[0, n)``: packrl's one Discrete action check (elementwise, for
+    arrays and ints alike). Its compiled twin is ``inside`` in ``_fastaction.c``."""
+    return (choices < 0) | (choices >= nvec)
+
+
+def outside_values(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Where a continuous value is outside ``[low, high]`` or NaN (elementwise)."""
+    with np.errstate(invalid="ignore"):
+        return ~((values >= low) & (values <= high))
+
+
+def _leaf_bounds(codec: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf's inclusive bounds, from its codec's one bounds source (``codec.bounds``)."""
+    return codec.bounds.low, codec.bounds.high
+
+
 class ActionLayout:
     """How a native action space maps to the policy's ``(discrete, continuous)`` actions."""
 
@@ -72,7 +84,8 @@ class ActionLayout:
         self.layout = Layout.from_space(space)
         self.discrete_parts: list[DiscretePart] = []
         self.continuous_parts: list[ContinuousPart] = []
-        self._collect(self.layout.root, ())
+        for path, node in iter_leaves(self.layout.root):
+            self._add_leaf(node, path)
         self.nvec = np.concatenate([p.nvec.reshape(-1) for p in self.discrete_parts]).astype(np.int64) \
             if self.discrete_parts else np.zeros(0, np.int64)
         self.low = np.concatenate([p.low.reshape(-1) for p in self.continuous_parts]) if self.continuous_parts else np.zeros(0)
@@ -81,48 +94,33 @@ class ActionLayout:
         self.continuous_dtype = np.dtype(np.float64 if wide else np.float32)
         self.kind = self._kind()
         self.policy_space = self._policy_space()
+        self.spec = self._compiled_spec()
 
     # ------------------------------------------------------------ structure
 
-    def _collect(self, node: Any, path: tuple) -> None:
-        if type(node) is DictNode:
-            for k, c in zip(node.keys, node.children):
-                self._collect(c, path + (k,))
-        elif type(node) is TupleNode:
-            for i, c in enumerate(node.children):
-                self._collect(c, path + (i,))
-        else:
-            self._add_leaf(node, path)
-
     def _add_leaf(self, node: LeafNode, path: tuple) -> None:
-        codec, space = node.codec, node.codec.space
+        codec = node.codec
         first_d = sum(p.nvec.size for p in self.discrete_parts)
         first_c = sum(int(np.prod(p.shape)) for p in self.continuous_parts)
         dtype = np.dtype(codec.fields[0].dtype)
-        if codec.kind == "discrete":
-            self.discrete_parts.append(DiscretePart(path, (), dtype, np.array(codec.start), np.array(codec.n), first_d))
-        elif codec.kind == "multidiscrete":
-            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, _exact_ints(codec.start, dtype),
-                                                    codec.nvec.astype(np.int64), first_d))
-        elif codec.kind == "multibinary":
-            shape = codec.shape
-            self.discrete_parts.append(DiscretePart(path, shape, dtype, np.zeros(shape, np.int64),
-                                                    np.full(shape, 2, np.int64), first_d))
-        elif codec.kind == "box" and dtype.kind in "biu":
-            low, high = np.asarray(space.low).astype(object), np.asarray(space.high).astype(object)
-            n = high - low + 1
-            if n.size and max(n.reshape(-1)) > MAX_BRANCH:
-                raise EmulationError(
-                    f"action leaf {format_path(path)}: integer Box with {max(n.reshape(-1))} choices per element "
-                    f"cannot be a discrete branch (at most {MAX_BRANCH}); narrow its bounds")
-            self.discrete_parts.append(DiscretePart(path, codec.shape, dtype, _exact_ints(space.low, dtype),
-                                                    n.astype(np.int64), first_d))
-        elif codec.kind == "box":
-            self.continuous_parts.append(ContinuousPart(path, codec.shape, dtype, np.asarray(space.low, dtype=np.float64),
-                                                        np.asarray(space.high, dtype=np.float64), first_c))
-        else:
+        if codec.kind not in ("discrete", "multidiscrete", "multibinary", "box"):
             raise EmulationError(f"action leaf {format_path(path)}: {codec.kind} action spaces are not supported "
                                  "(a policy cannot emit them); use Discrete, MultiDiscrete, MultiBinary or Box leaves")
+        low, high = _leaf_bounds(codec)
+        shape = tuple(np.shape(low))
+        if dtype.kind == "f":
+            self.continuous_parts.append(ContinuousPart(path, shape, dtype, np.asarray(low, np.float64),
+                                                        np.asarray(high, np.float64), first_c))
+            return
+        low, high = np.asarray(low).astype(object), np.asarray(high).astype(object)
+        n = np.asarray(high - low + 1)
+        if n.size and max(n.reshape(-1)) > MAX_BRANCH:
+            raise EmulationError(
+                f"action leaf {format_path(path)}: integer Box with {max(n.reshape(-1))} choices per element "
+                f"cannot be a discrete branch (at most {MAX_BRANCH}); narrow its bounds")
+        start = low if dtype.kind == "u" else low.astype(np.int64)  # a uint64 start may not fit int64
+        self.discrete_parts.append(DiscretePart(path, shape, dtype, np.asarray(start), np.asarray(n).astype(np.int64),
+                                                first_d))
 
     def _kind(self) -> str:
         if isinstance(self.space, spaces.Discrete):
@@ -144,6 +142,23 @@ class ActionLayout:
         if self.kind == "hybrid":
             return spaces.Dict({"discrete": disc, "continuous": cont})
         return disc if self.kind == "multidiscrete" else cont
+
+    def _compiled_spec(self) -> Any:
+        """The C decoder's description of this layout (``_fastaction.action_spec``); None without the
+        extension or for a float16 Box leaf (those decode on the Python path)."""
+        if _fastaction is None or any(p.dtype.itemsize not in (4, 8) for p in self.continuous_parts):
+            return None
+        form = 2 if self.kind == "hybrid" else 1 if self.kind == "continuous" else 0
+        start = [int(s) % 2**64 for p in self.discrete_parts for s in np.asarray(p.start).reshape(-1)]
+        parts = {p.path: (True, p.shape == (), p.dtype, p.shape, p.first) for p in self.discrete_parts}
+        parts.update({p.path: (False, False, p.dtype, p.shape, p.first) for p in self.continuous_parts})
+        paths = list(parts)
+        index = {path: i for i, path in enumerate(paths)}
+        tree = _c_tree(self.layout.root, index)
+        return _fastaction.action_spec(
+            form, self.num_discrete, self.num_continuous, self.nvec.astype(np.int64).tobytes(),
+            np.array(start, np.uint64).tobytes(), self.low.astype(np.float64).tobytes(),
+            self.high.astype(np.float64).tobytes(), tuple(parts[p] for p in paths), tree)
 
     @property
     def num_discrete(self) -> int:
@@ -182,50 +197,88 @@ class ActionLayout:
     def decode(self, action: Any, who: str = "") -> Any:
         """Policy-facing action -> native action, with ``start`` restored and each leaf's own dtype.
         Out-of-range choices or out-of-bounds continuous values raise EmulationError (``who`` names
-        the agent or env in the message)."""
+        the agent or env in the message). The commonest forms decode in C (``fast_decode``)."""
+        native = fast_decode(self.spec, action)
+        return native if native is not None else self.checked_decode(action, who)
+
+    def checked_decode(self, action: Any, who: str = "") -> Any:
+        """``decode`` on the Python path: converts what converts exactly, refuses the rest by name."""
         action = _host_arrays(action)
-        if self.kind == "discrete" and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+        if self.kind == "discrete" and isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
             return self._decode_choice(int(action), who)
         disc, cont = self._split(action, who)
-        leaf_values: dict[tuple, Any] = {}
-        for part in self.discrete_parts:
+        if self.check_batch(disc[None], cont[None]) < 0:
+            values = [self._native_part(part, disc) for part in self.discrete_parts]
+            values += [cont[p.first: p.first + int(np.prod(p.shape))].reshape(p.shape).astype(p.dtype)
+                       for p in self.continuous_parts]
+            by_path = dict(zip([p.path for p in self.discrete_parts + self.continuous_parts], values))
+            return map_leaves(lambda path, _: by_path[path], self.layout.root)
+        if self.kind == "discrete":
+            self._decode_choice(int(disc[0]), who)
+        for part in self.discrete_parts:  # name the first leaf outside
             choice = disc[part.first: part.first + part.nvec.size].reshape(part.shape)
-            bad = (choice < 0) | (choice >= part.nvec)
-            refuse_outside(bad, choice, part.path, f"is not a valid choice in [0, n) with n={part.nvec.tolist()}{who}")
-            native = choice.astype(object) + part.start.astype(object) if part.dtype.kind == "u" else choice + part.start
-            leaf_values[part.path] = np.asarray(native).astype(part.dtype)[()] if part.shape == () \
-                else np.asarray(native).astype(part.dtype)
+            refuse_outside(outside_choices(choice, part.nvec.reshape(part.shape)), choice, part.path,
+                           f"is not a valid choice in [0, n) with n={part.nvec.tolist()}{who}")
         for part in self.continuous_parts:
-            size = int(np.prod(part.shape))
-            value = cont[part.first: part.first + size].reshape(part.shape)
-            with np.errstate(invalid="ignore"):
-                bad = ~((value >= part.low) & (value <= part.high))
-            refuse_outside(bad, value, part.path,
+            value = cont[part.first: part.first + int(np.prod(part.shape))].reshape(part.shape)
+            refuse_outside(outside_values(value, part.low, part.high), value, part.path,
                            f"is outside the Box bounds [{part.low.min()}, {part.high.max()}] or not a number{who}")
-            leaf_values[part.path] = value.astype(part.dtype)
-        return _rebuild(self.layout.root, leaf_values, ())
+        raise AssertionError("check_batch refused an action no leaf refuses")  # pragma: no cover
+
+    @staticmethod
+    def _native_part(part: DiscretePart, disc: np.ndarray) -> Any:
+        choice = disc[part.first: part.first + part.nvec.size].reshape(part.shape)
+        native = choice.astype(object) + part.start.astype(object) if part.dtype.kind == "u" else choice + part.start
+        native = np.asarray(native).astype(part.dtype)
+        return native[()] if part.shape == () else native
 
     def _decode_choice(self, choice: int, who: str) -> Any:
         part = self.discrete_parts[0]
         n = int(part.nvec)
-        if not 0 <= choice < n:
-            raise EmulationError(f"action {choice} is not a valid choice in [0, {n}){who}")
+        if outside_choices(choice, n):
+            raise EmulationError(f"action {choice}{who} is outside its Discrete({n}) choices [0, {n - 1}]")
         return part.dtype.type(choice + int(part.start))
 
+    def decode_batch(self, actions: Any, who: str = "") -> list:
+        """Many policy actions at once (a leading rows axis; a hybrid layout takes a dict of two such
+        arrays) -> one native action per row, each as ``decode`` gives it. ``who`` may hold ``{}``,
+        filled with the row of a refused action. One C call for the commonest forms."""
+        if self.spec is not None:
+            disc, cont = self._batch_parts(actions)
+            out = _fastaction.decode_rows(self.spec, disc, cont)
+            if type(out) is list:
+                return out
+            if out is not None:  # row ``out`` is refused: the Python path says why
+                self.checked_decode(_row(actions, out), who.format(out))
+        return [self.decode(_row(actions, k), who.format(k)) for k in range(_num_rows(actions))]
+
     def decode_choices(self, choices: np.ndarray, who: str = "") -> list:
-        """Many actions of a Discrete space at once: ``(k,)`` choices -> k native values.
-        ``who`` may hold ``{}``, filled with the position of a bad choice."""
-        part = self.discrete_parts[0]
-        arr = exact_array(choices, np.dtype(np.int64), (len(choices),), ())
-        if arr.size and _any_outside(arr, 0, int(part.nvec) - 1):  # one compiled pass
-            bad = (arr < 0) | (arr >= int(part.nvec))
-            k = int(np.flatnonzero(bad)[0])
-            raise EmulationError(f"action {arr[k]} is not a valid choice in [0, {int(part.nvec)}){who.format(k)}")
-        if int(part.start) == 0 and part.dtype == arr.dtype:
-            return list(arr)  # the commonest case: the choices are the native values
-        if part.dtype.kind == "u":  # a uint64 start may not fit int64
-            return list((arr.astype(object) + int(part.start)).astype(part.dtype))
-        return list((arr + int(part.start)).astype(part.dtype))
+        """Many actions of a Discrete space at once: ``(k,)`` choices -> k native values."""
+        return self.decode_batch(choices, who)
+
+    def check_batch(self, disc: np.ndarray | None, cont: np.ndarray | None) -> int:
+        """packrl's one action checker: the first row of a batch whose action is outside this layout's
+        policy space (a choice outside ``[0, n)``, a value outside ``[low, high]`` or NaN), or -1.
+        ``disc``: (rows, num_discrete) choices; ``cont``: (rows, num_continuous) values (None where
+        the layout has no such part). One C call for int64 and float32/64 arrays."""
+        if self.spec is not None:
+            bad = _fastaction.check_rows(self.spec, disc, cont)
+            if bad is not None:
+                return bad
+        rows = len(disc) if disc is not None else len(cont)
+        bad = np.zeros(rows, bool)
+        if self.num_discrete:
+            bad |= outside_choices(np.reshape(disc, (rows, -1)), self.nvec).any(axis=1)
+        if self.num_continuous:
+            bad |= outside_values(np.reshape(cont, (rows, -1)), self.low, self.high).any(axis=1)
+        hits = np.flatnonzero(bad)
+        return int(hits[0]) if hits.size else -1
+
+    def _batch_parts(self, actions: Any) -> tuple[Any, Any]:
+        """(disc, cont) of a batch in this layout's policy form (None for a part it has not)."""
+        if self.kind == "hybrid":
+            return (actions.get("discrete"), actions.get("continuous")) if isinstance(actions, dict) else (None, None)
+        return (None, actions) if self.kind == "continuous" else (actions, None)
 
     def _split(self, action: Any, who: str) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "hybrid":
@@ -248,6 +301,13 @@ class ActionLayout:
             raise EmulationError(f"continuous action{who} has {cont.size} values, the space needs {self.num_continuous}")
         return disc, cont.reshape(-1).astype(np.float64)
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "spec": None}  # a C capsule does not pickle: rebuilt on arrival
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.spec = self._compiled_spec()
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ActionLayout) and other.layout == self.layout
 
@@ -267,6 +327,15 @@ def _host_arrays(action: Any) -> Any:
     return action
 
 
+def _row(actions: Any, k: int) -> Any:
+    """Row k of a batch (of each part of a hybrid batch)."""
+    return {name: part[k] for name, part in actions.items()} if isinstance(actions, dict) else actions[k]
+
+
+def _num_rows(actions: Any) -> int:
+    return len(next(iter(actions.values()))) if isinstance(actions, dict) else len(actions)
+
+
 def _exact_ints(values: Any, dtype: np.dtype) -> np.ndarray:
     """Per-element native values of choice 0: int64, or Python ints for an unsigned leaf (a uint64
     start beyond 2**63 does not fit int64)."""
@@ -280,9 +349,8 @@ def _get(tree: Any, path: tuple) -> Any:
     return tree
 
 
-def _rebuild(node: Any, values: dict, path: tuple) -> Any:
-    if type(node) is DictNode:
-        return {k: _rebuild(c, values, path + (k,)) for k, c in zip(node.keys, node.children)}
-    if type(node) is TupleNode:
-        return tuple(_rebuild(c, values, path + (i,)) for i, c in enumerate(node.children))
-    return values[path]
+def _c_tree(root: Any, index: dict) -> Any:
+    """The structure as the C decoder builds it: a leaf's index, ``(keys, children)`` for a Dict,
+    ``(None, children)`` for a Tuple."""
+    return fold(root, lambda path, node, results: index[path] if type(node) is LeafNode
+                else (tuple(node.keys), results) if type(node) is DictNode else (None, results))

@@ -6,7 +6,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from packrl.emulation.actions import table_choice
+from packrl.emulation.actions import fast_decode
 from packrl.emulation.emulated import group_agents
 from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, MULTI_AGENT_HINT, checked_flag, checked_reward
@@ -15,7 +15,6 @@ from packrl.errors import EmulationError
 
 AGENT = "agent_0"
 _NONE_ENDED = np.zeros(0, dtype=np.intp)
-MAX_TABLED_CHOICES = 4096
 
 
 class GymnasiumEmulation(EmulatedRows):
@@ -37,12 +36,7 @@ class GymnasiumEmulation(EmulatedRows):
         emulated = group_agents(self.possible_agents, {AGENT: env.observation_space}, {AGENT: env.action_space},
                                 round_floats)
         super().__init__(env, emulated, emulated.action.policy_space, finite_rewards)
-        action = self.emulated.action
-        part = action.discrete_parts[0] if action.kind == "discrete" else None
-        # the native value of every choice of a small Discrete action space: the commonest action
-        # decoded by one lookup (building a NumPy scalar per step costs more than the rest of it)
-        self._natives = None if part is None or int(part.nvec) > MAX_TABLED_CHOICES else \
-            tuple(part.dtype.type(int(part.start) + i) for i in range(int(part.nvec)))
+        self._action_spec = self.emulated.action.spec  # the C decoder's, for every action kind
 
     def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
                     terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
@@ -64,10 +58,10 @@ class GymnasiumEmulation(EmulatedRows):
         return self.observations, info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        natives = self._natives
-        native = None if natives is None else table_choice(actions, natives)
+        native = fast_decode(self._action_spec, actions)  # the commonest forms, checked, in one C call
         if native is None:
-            native = self.emulated.action.decode(_single(actions, self.emulated.action.kind), who=f" (agent {AGENT})")
+            native = self.emulated.action.checked_decode(_single(actions, self.emulated.action.kind),
+                                                         who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
         # the common case inline, in the cheapest tests there are (the bounds are F32_MAX, as literals: no
         # global lookups); anything else is checked, and converted or refused, by step_checks
@@ -99,11 +93,11 @@ class GymnasiumEmulation(EmulatedRows):
         observation that is refused), ``position.index`` is k (``packrl.env_protocol.BlockStepper``)."""
         first = envs[0]
         action_layout = first.emulated.action
-        if action_layout.kind == "discrete" and isinstance(actions, np.ndarray):
-            natives = action_layout.decode_choices(actions.reshape(len(envs)), who=" (env {} of the block)")
-        else:
+        if isinstance(actions, list):  # one action per env
             natives = [env.emulated.action.decode(_single(a, action_layout.kind), who=f" (env {k} of the block)")
                        for k, (env, a) in enumerate(zip(envs, actions))]
+        else:  # the block's rows of the action arrays, decoded in one call
+            natives = action_layout.decode_batch(actions, who=" (env {} of the block)")
         results = []
         try:
             for env, native in zip(envs, natives):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.emulated import Emulated, Group, group_agents
+from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, checked_flag, checked_reward
 from packrl.errors import EmulationError
@@ -60,7 +60,6 @@ class _AgentRows(EmulatedRows):
             round_floats=round_floats, action_mask_key=action_mask_key)
         self._pending = [0.0] * len(self.possible_agents)  # rewards not yet delivered, per row
         super().__init__(env, emulated, _shared_action_space(emulated), finite_rewards)
-        self._discrete = tuple(_discrete_decoder(g) for g in self._row_groups)
 
     def _reward(self, agent: Any, reward: Any) -> float:
         """One agent's reward, checked (``packrl.emulation.step_checks``)."""
@@ -102,14 +101,7 @@ class _AgentRows(EmulatedRows):
 
     def _decode(self, row: int, action: Any) -> Any:
         """One row's policy-facing action -> the agent's native action (range checked)."""
-        fast = self._discrete[row]
-        if fast is not None and isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
-            n, start, dtype = fast
-            if 0 <= action < n:
-                return dtype.type(int(action) + start)
-            raise EmulationError(f"action {int(action)} for agent {self.possible_agents[row]!r} is outside "
-                                 f"its Discrete({n}) choices [0, {n - 1}]")
-        return self._row_groups[row].action.decode(action, who=f" (agent {self.possible_agents[row]!r})")
+        return self._row_groups[row].action.decode(action, who=f" for agent {self.possible_agents[row]!r}")
 
     def _row_actions(self, actions: Any, rows: list[int]) -> dict:
         """{agent: native action} for ``rows``, from a batch with a leading num_agents axis or from
@@ -331,15 +323,6 @@ def _holder(env: Any, name: str) -> Any:
            and not any(name in vars(cls) for cls in type(env).__mro__)):
         env = env.env
     return env
-
-
-def _discrete_decoder(group: Group) -> tuple | None:
-    """(n, start, dtype) of a plain Discrete action space, for the per-step fast path."""
-    action = group.action
-    if action.kind != "discrete":
-        return None
-    part = action.discrete_parts[0]
-    return int(part.nvec), int(part.start), np.dtype(part.dtype)
 
 
 def _shared_action_space(emulated: Emulated) -> spaces.Space:

@@ -167,8 +167,7 @@ class _Block:
         self.step_many = step_many
         self.arrays = arrays
         self.base = rows[0].start  # a block's envs own consecutive rows, one each
-        # a Discrete action space: hand the block's action rows over as one array
-        self.choices = arrays["actions"] if envs[0].emulated.action.kind == "discrete" else None
+        self.action_space = envs[0].single_action_space  # the block's action rows go over as arrays
         self._rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.position = BlockPosition()
 
@@ -180,7 +179,7 @@ class _Block:
         position = self.position
         position.index = 0
         try:
-            actions = runner.actions[lo:hi] if self.choices is None else self.choices[self.base + lo: self.base + hi]
+            actions = action_views(self.action_space, self.arrays, slice(self.base + lo, self.base + hi))
             infos, ended = self.step_many(runner.envs[lo:hi], actions, rows, position)
         except BaseException:  # KeyboardInterrupt too: the backend names the env it stopped
             runner.current = lo + position.index
