@@ -33,17 +33,22 @@ def nativize(x: Any, layout: Layout) -> Any:
         return layout.unpack(x)
     if not isinstance(x, torch.Tensor):
         raise NativizeError(f"nativize takes a numpy array or a torch tensor, got {type(x).__name__}")
+    return layout.unflatten(leaf_views(x, layout))
+
+
+def leaf_views(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """One zero-copy view of uint8 rows ``x`` per entry of ``layout.leaves`` (``(*batch, *leaf.shape)``,
+    the leaf's exact dtype): what ``nativize`` puts into the layout's structure."""
     _check(x.dtype == torch.uint8, x.dtype, tuple(x.shape), layout)
     batch = tuple(x.shape[:-1])
     try:
-        views = [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
+        return [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
     except RuntimeError as err:  # torch views a dtype only at an offset aligned to it (numpy reads any offset)
         raise NativizeError(
             f"nativize cannot view these rows as the layout's leaves: torch needs every row to start at a byte "
             f"offset that is a multiple of {layout.alignment} (the layout's widest alignment), got storage offset "
             f"{x.storage_offset()} and strides {tuple(x.stride())} ({err}); pass an aligned tensor, e.g. "
             "x.contiguous() of rows cut from a wider buffer, or x.clone()") from None
-    return layout.unflatten(views)
 
 
 def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:

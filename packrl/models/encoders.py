@@ -36,7 +36,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.nativize import nativize, torch_dtype
+from packrl.nativize import leaf_views, nativize, torch_dtype
 
 EMBED_DIM = 16
 """Width of each Discrete / MultiDiscrete / character embedding."""
@@ -203,8 +203,8 @@ class WordEncoder(nn.Module):
 def string_separators(leaf: Leaf) -> list[int]:
     """The character codes that split a string leaf into words: whitespace and punctuation."""
     marks = " \t\n\r,.;:!?"
-    if leaf.kind == "text":
-        charset = list(leaf.space.character_list)
+    charset = getattr(leaf.codec, "charset", None)  # Text: codes index its charset; other strings: UTF-8 bytes
+    if charset is not None:
         return [i for i, ch in enumerate(charset) if ch in marks]
     return list(marks.encode())
 
@@ -327,7 +327,7 @@ def impala_cnn(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Modu
 
 def image_channels_last(leaf: Leaf) -> bool | None:
     """True (HxWxC), False (CxHxW) or None (not an image) for a 3-d uint8 or bool Box leaf."""
-    if leaf.kind != "box" or len(leaf.shape) != 3 or leaf.dtype not in (np.uint8, np.bool_):
+    if leaf.codec.categorical or leaf.codec.is_string or len(leaf.shape) != 3 or leaf.dtype not in (np.uint8, np.bool_):
         return None
     a, b, c = leaf.shape
     if a == b or c <= 4:
@@ -338,14 +338,11 @@ def image_channels_last(leaf: Leaf) -> bool | None:
 
 
 def _bounds(leaf: Leaf) -> tuple[np.ndarray, np.ndarray]:
-    space = leaf.space
-    if hasattr(space, "low") and hasattr(space, "high"):
-        low = np.broadcast_to(np.asarray(space.low, np.float64), leaf.shape)
-        high = np.broadcast_to(np.asarray(space.high, np.float64), leaf.shape)
-        return low, high
-    if leaf.kind == "multibinary":
-        return np.zeros(leaf.shape), np.ones(leaf.shape)
-    return np.full(leaf.shape, -np.inf), np.full(leaf.shape, np.inf)
+    """A numeric leaf's bounds as float64 (``leaf.bounds``); unbounded for categorical and string leaves."""
+    bounds = leaf.bounds
+    if bounds is None or leaf.codec.categorical:
+        return np.full(leaf.shape, -np.inf), np.full(leaf.shape, np.inf)
+    return bounds.low.astype(np.float64), bounds.high.astype(np.float64)
 
 
 # ---------------------------------------------------------------- choosing
@@ -355,9 +352,9 @@ CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words")
 
 def default_choice(leaf: Leaf) -> str:
     """The built-in encoder a leaf gets without an override."""
-    if leaf.kind in ("text", "bounded_string"):
+    if leaf.codec.is_string:
         return "words"
-    if leaf.kind in ("discrete", "multidiscrete"):
+    if leaf.codec.categorical:
         return "embedding"
     channels_last = image_channels_last(leaf)
     if channels_last is not None:
@@ -371,15 +368,12 @@ def build_leaf_encoder(leaf: Leaf, choice: str) -> nn.Module:
     where = f"leaf {format_path(leaf.path)}"
     if choice not in CHOICES:
         raise ValueError(f"{where}: unknown encoder {choice!r}; choose one of {CHOICES}, 'drop', or pass an nn.Module")
-    codec_space = leaf.space
-    if leaf.kind in ("text", "bounded_string"):
+    if leaf.codec.is_string:
         if choice == "words":
-            vocab = len(codec_space.character_list) if leaf.kind == "text" else 256
-            return WordEncoder(string_separators(leaf), vocab, int(leaf.shape[-1]))
+            return WordEncoder(string_separators(leaf), leaf.codec.vocab, int(leaf.shape[-1]))
         if choice != "embedding":
             raise EmulationError(f"{where}: string leaves take the 'words' or 'embedding' encoder, not {choice!r}")
-        vocab = len(codec_space.character_list) if leaf.kind == "text" else 256
-        return TextEncoder(vocab)
+        return TextEncoder(leaf.codec.vocab)
     if choice in ("cnn", "nature", "impala", "cells"):
         channels_last = image_channels_last(leaf)
         if channels_last is None:
@@ -390,15 +384,17 @@ def build_leaf_encoder(leaf: Leaf, choice: str) -> nn.Module:
             return CellEncoder(leaf, channels_last)
         return ImageEncoder(leaf, channels_last, trunk=choice)
     if choice == "embedding":
-        if leaf.kind == "discrete":
-            n, start = int(codec_space.n), int(codec_space.start)
+        bounds = leaf.bounds
+        if leaf.codec.categorical and leaf.shape == ():  # one choice of n, counted from start
+            n, start = int(bounds.high) - int(bounds.low) + 1, int(bounds.low)
             return DiscreteEmbedding(np.array([n]), np.array([start])) if n <= MAX_EMBEDDING else ScaledIndex(n, start)
-        if leaf.kind == "multidiscrete":
-            return _embedding_or_refuse(np.asarray(codec_space.nvec), np.asarray(codec_space.start), where)
-        if leaf.kind == "box" and leaf.dtype.kind in "iub":
+        if leaf.codec.categorical:
+            return _embedding_or_refuse(bounds.high.astype(object) - bounds.low.astype(object) + 1, bounds.low, where)
+        if bounds is not None and bounds.integer:
             low, high = _bounds(leaf)
             return _embedding_or_refuse(high - low + 1, low, where)
-        raise EmulationError(f"{where}: 'embedding' needs a Discrete, MultiDiscrete or integer Box leaf, got {leaf.kind} {leaf.dtype}")
+        raise EmulationError(f"{where}: 'embedding' needs a categorical (Discrete, MultiDiscrete) or integer leaf, "
+                             f"got {leaf.kind} {leaf.dtype}")
     return Flat(leaf)
 
 
@@ -411,19 +407,11 @@ def _embedding_or_refuse(nvec: np.ndarray, start: np.ndarray, where: str) -> nn.
 # ---------------------------------------------------------------- LayoutEncoder
 
 def leaf_tensors(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
-    """One tensor per ``layout.leaves`` entry from rows ``x (B, nbytes)``, via ``nativize``; bool
-    leaves come as their raw uint8 bytes (see the module note on Inductor)."""
-    tree = nativize(x, layout)
-    out = []
-    for leaf, (start, end, _, shape) in zip(layout.leaves, layout.spans):
-        if leaf.dtype == np.bool_:
-            out.append(x[..., start:end].reshape(x.shape[:-1] + shape))
-            continue
-        value = tree
-        for key in leaf.path:
-            value = value[key]
-        out.append(getattr(value, leaf.field) if leaf.field else value)
-    return out
+    """One tensor per ``layout.leaves`` entry from rows ``x (B, nbytes)`` (``nativize``'s views, before
+    they are put into the structure); bool leaves come as their raw uint8 bytes (see the module
+    note on Inductor)."""
+    return [x[..., start:end].reshape(x.shape[:-1] + shape) if leaf.dtype == np.bool_ else view
+            for leaf, view, (start, end, _, shape) in zip(layout.leaves, leaf_views(x, layout), layout.spans)]
 
 
 class LayoutEncoder(nn.Module):
@@ -459,7 +447,7 @@ class LayoutEncoder(nn.Module):
                 raise EmulationError(f"override for leaf {format_path(path)}: the module needs an output_size attribute")
             encoders.append(module)
             self.groups.append(tuple(ids))
-            self.text.append(leaf.kind in ("text", "bounded_string"))
+            self.text.append(leaf.codec.is_string)
         if not encoders:
             raise EmulationError("every leaf was dropped: the encoder has no input")
         self.leaf_encoders = nn.ModuleList(encoders)
