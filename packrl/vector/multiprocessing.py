@@ -49,6 +49,9 @@ MAIN_SPIN_S = 100e-6  # defaults measured with benchmarks/vector.py --spins on 2
 WORKER_SPIN_S = 200e-6
 
 
+WAIT_KINDS = ("at once", "spun", "blocked")  # how a wait for the other side's post ended (Spinner.counts)
+
+
 class Command(IntEnum):
     NONE = 0
     STEP = 1
@@ -87,32 +90,38 @@ class Spinner:
     A spin only pays when the other side is running on another core and is about to post; when
     the cores are shared (more runnable processes than cores) it burns the time slice the other
     side needs. So a spin that fails (the post did not come) skips spinning for the next 1, 2,
-    4, ... up to ``MAX_SKIP`` waits, and one that succeeds restores it."""
+    4, ... up to ``MAX_SKIP`` waits, and one that succeeds restores it.
+
+    ``counts`` (``WAIT_KINDS``): how many waits found the post already there, got it by spinning,
+    or went on to block; in shared memory for a worker, so the main process can read them
+    (``Multiprocessing.wait_counts``, benchmarks/mp_waits.py)."""
 
     MAX_SKIP = 64
 
-    def __init__(self, spin_s: float):
+    def __init__(self, spin_s: float, counts: np.ndarray | None = None):
         self.spin_s = spin_s
         self.skip = 0  # waits left to block without spinning
         self.backoff = 1  # the skip after the next failed spin
+        self.counts = np.zeros(len(WAIT_KINDS), np.int64) if counts is None else counts
 
     def wait(self, sem: Any) -> bool:
         """Take ``sem`` if it is posted now or (when spinning) within ``spin_s``; False: block."""
         if sem.acquire(False):
+            self.counts[0] += 1
             return True
-        if self.spin_s <= 0:
-            return False
         if self.skip:
             self.skip -= 1
-            return False
-        clock = time.perf_counter
-        deadline = clock() + self.spin_s
-        while clock() < deadline:
-            if sem.acquire(False):
-                self.backoff = 1
-                return True
-        self.skip = self.backoff
-        self.backoff = min(2 * self.backoff, self.MAX_SKIP)
+        elif self.spin_s > 0:
+            clock = time.perf_counter
+            deadline = clock() + self.spin_s
+            while clock() < deadline:
+                if sem.acquire(False):
+                    self.backoff = 1
+                    self.counts[1] += 1
+                    return True
+            self.skip = self.backoff
+            self.backoff = min(2 * self.backoff, self.MAX_SKIP)
+        self.counts[2] += 1
         return False
 
 
@@ -158,7 +167,8 @@ class Multiprocessing(WorkerBackend):
             except Exception as err:  # noqa: BLE001 - a throwaway env; the workers build their own
                 warnings.warn(f"packrl: closing the layout probe env raised {type(err).__name__}: {err}",
                               RuntimeWarning, stacklevel=2)
-        control = {"control": ((num_workers, 3), np.int64), "status": ((num_workers,), np.int64)}
+        control = {"control": ((num_workers, 3), np.int64), "status": ((num_workers,), np.int64),
+                   "waits": ((num_workers, len(WAIT_KINDS)), np.int64)}
         plan = plan_buffers(spec, num_envs, control)
         shm = Segment(plan.nbytes)
         arrays = plan.views(shm.buf)
@@ -210,6 +220,13 @@ class Multiprocessing(WorkerBackend):
         self._ready.clear()
 
     # ------------------------------------------------------------ public protocol
+
+    def wait_counts(self) -> dict[str, dict[str, int]]:
+        """How the waits for the other side ended so far, per process ("main", "worker 0", ...):
+        the post was there at once, came while spinning, or the process blocked in the kernel
+        (a blocking wake-up costs tens of microseconds on each side)."""
+        rows = {"main": self._spinner.counts, **{f"worker {w}": self.arrays["waits"][w] for w in range(self.num_workers)}}
+        return {who: dict(zip(WAIT_KINDS, (int(c) for c in counts))) for who, counts in rows.items()}
 
     @property
     def worker_pids(self) -> list[int]:
@@ -527,7 +544,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             _reply(status, w, done, conn, Status.FAILED, (args.first_env + len(envs), traceback.format_exc()))
             return
         _reply(status, w, done, conn, Status.DONE, None)
-        spinner = Spinner(args.spin_s)
+        spinner = Spinner(args.spin_s, arrays["waits"][w])
         while True:
             _wait(wake, spinner, parent)
             command = int(control[w, 0])
