@@ -223,8 +223,18 @@ static const int64_t *choices_of(PyObject *obj, Py_ssize_t count, int64_t *scrat
 }
 
 /* The values of a continuous part: a C-contiguous native float32 or float64 array of `count`
-   elements (any shape); *wide says which. NULL: not taken. */
-static const char *values_of(PyObject *obj, Py_ssize_t count, int *wide) {
+   elements (any shape), or, for a part of one element, a float or a float32/float64 NumPy scalar;
+   *wide says which. NULL: not taken. */
+static const char *values_of(PyObject *obj, Py_ssize_t count, int *wide, double *scratch) {
+    if (count == 1 && (PyFloat_CheckExact(obj) || PyArray_IsScalar(obj, Double))) {
+        *scratch = PyFloat_AS_DOUBLE(obj);  /* a float64 scalar is a float */
+        *wide = 1;
+        return (const char *)scratch;
+    }
+    if (count == 1 && PyArray_IsScalar(obj, Float)) {
+        *wide = 0;
+        return (const char *)&PyArrayScalar_VAL(obj, Float);
+    }
     if (!PyArray_CheckExact(obj)) return NULL;
     PyArrayObject *arr = (PyArrayObject *)obj;
     int itemsize = (int)PyArray_ITEMSIZE(arr);
@@ -375,11 +385,12 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (dobj == NULL || cobj == NULL) Py_RETURN_NONE;
     }
     int64_t scratch;
+    double cscratch;
     const int64_t *disc = NULL;
     const char *cont = NULL;
     int wide = 0;
     if (spec->form != CONTINUOUS && (disc = choices_of(dobj, spec->ndisc, &scratch)) == NULL) Py_RETURN_NONE;
-    if (spec->form != DISCRETE && (cont = values_of(cobj, spec->ncont, &wide)) == NULL) Py_RETURN_NONE;
+    if (spec->form != DISCRETE && (cont = values_of(cobj, spec->ncont, &wide, &cscratch)) == NULL) Py_RETURN_NONE;
     if (!inside(spec, disc, cont, wide)) Py_RETURN_NONE;
     return native(spec, disc, cont, wide);
 }

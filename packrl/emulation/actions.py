@@ -266,6 +266,8 @@ class ActionLayout:
             if bad is not None:
                 return bad
         rows = len(disc) if disc is not None else len(cont)
+        if not rows:
+            return -1
         bad = np.zeros(rows, bool)
         if self.num_discrete:
             bad |= outside_choices(np.reshape(disc, (rows, -1)), self.nvec).any(axis=1)

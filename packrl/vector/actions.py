@@ -12,10 +12,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.values import _any_outside
+from packrl.emulation.actions import ActionLayout, ContinuousPart, outside_choices, outside_values
 from packrl.errors import EmulationError
-
-_INT64 = np.dtype(np.int64)
 
 
 def action_arrays(space: spaces.Space, rows: int) -> dict[str, tuple[tuple, np.dtype]]:
@@ -42,30 +40,57 @@ def action_views(space: spaces.Space, arrays: dict[str, np.ndarray], rows: slice
 
 
 class ActionWriter:
-    """Checks a batch of policy actions and copies it into the action arrays."""
+    """Checks a batch of policy actions and copies it into the action arrays. The values are checked
+    by the policy space's action layout (``ActionLayout.check_batch``, packrl's one action checker,
+    one C call for the commonest batches); shapes and dtype kinds here."""
 
     def __init__(self, space: spaces.Space, arrays: dict[str, np.ndarray], agents_per_env: int):
         self.space = space
         self.arrays = arrays
         self.agents_per_env = agents_per_env
         self.leaves = _leaves(space, "actions", ())
-        # a Discrete action space: its inclusive range, for the one-pass check of the commonest batch
-        self._choices = (int(space.start), int(space.start) + int(space.n) - 1) if isinstance(space, spaces.Discrete) else None
+        self.checker = ActionLayout(space)
+        parts = {p.path: p for p in self.checker.discrete_parts + self.checker.continuous_parts}
+        self.parts = [parts[path] for _, path, _ in self.leaves]
+        self.discrete = [p.path for p in self.checker.discrete_parts]
+        self.continuous = [p.path for p in self.checker.continuous_parts]
+        # a Discrete(n, start) policy space holds values from start: the checker counts choices from 0
+        self.starts = {p.path: p.start for p in self.checker.discrete_parts if np.any(p.start != 0)}
 
     def write(self, actions: Any, rows: Any, env_ids: np.ndarray) -> None:
         """Check ``actions`` (leading axis: one entry per row) and write them at ``rows``
         (a slice or an index array of the target rows)."""
         n = len(env_ids) * self.agents_per_env
-        if (self._choices is not None and actions.__class__ is np.ndarray and actions.shape == (n,)
-                and actions.dtype is _INT64 and n and not _any_outside(actions, *self._choices)):
-            self.arrays["actions"][rows] = actions
-            return
-        checked = []
-        for name, path, sub in self.leaves:
-            value = _get(actions, path, self.space)
-            checked.append((name, _check(value, sub, n, path, env_ids, self.agents_per_env)))
-        for name, value in checked:  # nothing is written unless every leaf passed
-            self.arrays[name][rows] = value
+        if not isinstance(self.space, spaces.Dict):  # the commonest batch: one array
+            values = {(): _checked_form(actions, self.space, n, ())}
+        else:
+            values = {path: _checked_form(_get(actions, path, self.space), sub, n, path) for _, path, sub in self.leaves}
+        if self.checker.check_batch(self._part(values, self.discrete, n), self._part(values, self.continuous, n)) >= 0:
+            self._refuse(values, env_ids)
+        for name, path, _ in self.leaves:  # nothing is written unless every leaf passed
+            self.arrays[name][rows] = values[path]
+
+    def _part(self, values: dict, paths: list, n: int) -> np.ndarray | None:
+        """The checker's (rows, elements) part from the leaves' arrays (no copy for one plain leaf)."""
+        if not paths:
+            return None
+        arrays = [values[p] - self.starts[p] if p in self.starts else values[p] for p in paths]
+        if len(arrays) == 1:
+            return arrays[0] if arrays[0].ndim == 1 else arrays[0].reshape(n, -1)
+        return np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+
+    def _refuse(self, values: dict, env_ids: np.ndarray) -> None:
+        """Name the first leaf with a value outside the space, at its first bad row."""
+        for (_, path, sub), part in zip(self.leaves, self.parts):
+            arr = values[path]
+            if isinstance(part, ContinuousPart):
+                _refuse(outside_values(arr, part.low, part.high), arr, _where(path),
+                        "outside the Box bounds or not a number", env_ids, self.agents_per_env)
+            else:
+                low = part.start
+                choices = arr - low if path in self.starts else arr
+                _refuse(outside_choices(choices, part.nvec), arr, _where(path),
+                        f"outside [{np.min(low)}, {np.max(low + part.nvec - 1)}] of {sub}", env_ids, self.agents_per_env)
 
 
 def _leaves(space: spaces.Space, name: str, path: tuple) -> list:
@@ -90,8 +115,9 @@ def _where(path: tuple) -> str:
     return f"actions[{path[0]!r}]" if path else "actions"
 
 
-def _check(value: Any, space: spaces.Space, n: int, path: tuple, env_ids: np.ndarray, agents: int) -> np.ndarray:
-    """``value`` as an array of n actions of ``space``; refuse anything else with the first bad row."""
+def _checked_form(value: Any, space: spaces.Space, n: int, path: tuple) -> np.ndarray:
+    """``value`` as an array of n actions of ``space`` (its shape and dtype kind; the values are the
+    checker's); refuse anything else."""
     arr = value if type(value) is np.ndarray else np.asarray(value)
     shape = (n, *space.shape)
     if isinstance(space, spaces.Discrete) and arr.shape == (n, 1):
@@ -101,31 +127,15 @@ def _check(value: Any, space: spaces.Space, n: int, path: tuple, env_ids: np.nda
     if isinstance(space, spaces.Box) and space.dtype.kind == "f":
         if arr.dtype.kind != "f":
             raise EmulationError(f"{_where(path)} has dtype {arr.dtype}; {space} takes floats")
-        with np.errstate(invalid="ignore"):
-            bad = ~((arr >= space.low) & (arr <= space.high))
-        if bad.any():
-            _refuse(bad, arr, _where(path), "outside the Box bounds or not a number", env_ids, agents)
-        return arr
-    if arr.dtype.kind not in "iu":
+    elif arr.dtype.kind not in "iu":
         raise EmulationError(f"{_where(path)} has dtype {arr.dtype}; {space} takes integers")
-    low, high = _int_bounds(space)
-    bad = (arr < low) | (arr > high)
-    if bad.any():  # the message (str of the space) is built only for a refusal
-        _refuse(bad, arr, _where(path), f"outside [{np.min(low)}, {np.max(high)}] of {space}", env_ids, agents)
     return arr
 
 
-def _int_bounds(space: spaces.Space) -> tuple[Any, Any]:
-    if isinstance(space, spaces.Discrete):
-        return int(space.start), int(space.start) + int(space.n) - 1
-    if isinstance(space, spaces.MultiDiscrete):
-        return space.start, space.start + space.nvec - 1
-    if isinstance(space, spaces.MultiBinary):
-        return 0, 1
-    return space.low, space.high  # an integer Box
-
-
 def _refuse(bad: np.ndarray, arr: np.ndarray, where: str, why: str, env_ids: np.ndarray, agents: int) -> None:
+    """Raise, naming the first row where ``bad`` holds (nothing if it holds nowhere)."""
+    if not bad.any():
+        return
     row = int(np.argwhere(bad.reshape(len(bad), -1).any(axis=1))[0, 0])
     env, agent = int(env_ids[row // agents]), row % agents
     raise EmulationError(f"{where} row {row} (env {env}, agent {agent}) = {arr[row].tolist()} is {why}; "
