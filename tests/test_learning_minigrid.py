@@ -1,0 +1,54 @@
+"""`packrl train MiniGrid-DoorKey-5x5-v0` learns with its defaults (the minigrid preset), bounded by frames.
+
+benchmarks/learning_minigrid.py measures the same run over seeds, with wall time and torch-ac side by side."""
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+
+from packrl import config as settings
+from packrl.train.ppo import EpisodeTracker
+from packrl.train.run import build_ppo
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def frames_to_mean(env_id: str, threshold: float, budget: int, seed: int = 0, window: int = 100) -> tuple[int | None, str]:
+    """Train with ``env_id``'s defaults until the last ``window`` finished training episodes average
+    ``threshold``: ``(frames then, or None within budget, the preset's name)``."""
+    config, preset = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}})
+    ppo = build_ppo(config)
+    returns: deque = deque(maxlen=window)
+
+    class Recording(EpisodeTracker):
+        def pop(self) -> dict:
+            returns.extend(r for r, _, _ in self.finished)
+            return super().pop()
+
+    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+    hit: list = []
+
+    def stop_at_threshold(stats: dict) -> bool:
+        if len(returns) == window and np.mean(returns) >= threshold:
+            hit.append(stats["global_step"])
+        return not hit
+
+    ppo.train(budget, stop_at_threshold)
+    ppo.env.close()
+    return (hit[0] if hit else None), preset.name
+
+
+@pytest.mark.slow
+def test_doorkey_defaults_reach_0_9_within_100k_frames():
+    """The 0.9 mark is the issue's DoorKey-5x5 target. Seed 0 met it at 63,488 frames (31 iterations of 2,048);
+    the image read as intensities (the 'cnn' encoder, the preset before) stood at 0.04 after 100k frames."""
+    frames, preset = frames_to_mean("MiniGrid-DoorKey-5x5-v0", 0.9, 100_000)
+    assert preset == "minigrid"
+    assert frames is not None, "the moving mean of 100 training episodes never reached 0.9 within 100k frames"
