@@ -1,6 +1,7 @@
 """Per-sample pack + unpack, side by side: gymnasium flatten/unflatten, a structured-dtype writer
 (the older byte-packing libraries' approach), packrl, and np.copyto of the same bytes (the floor).
-Also the emulate wrapper's added cost per env.step, and the bytes torch nativize copies. The packrl rows
+Also the emulate wrapper's added cost per env.step (per action kind: Discrete, MultiDiscrete, Box,
+hybrid Dict, a nested Dict/Tuple, and Pendulum-v1), and the bytes torch nativize copies. The packrl rows
 use the compiled pack (what a layout uses once hot); "Python path" is the same API with it turned off.
 
     .venv/bin/python benchmarks/emulation.py
@@ -168,6 +169,58 @@ def wrapper_rows() -> list:
             ["emulate(env).step, Numba kernel", numba_t[0], numba_t[1], numba_t[0] - raw_t[0]]]
 
 
+ACTION_KINDS = {  # the action space of each row, and the policy action the emulated env is stepped with
+    "Discrete(8)": spaces.Discrete(8),
+    "MultiDiscrete([3, 4, 5])": spaces.MultiDiscrete([3, 4, 5]),
+    "Box(-1, 1, (2,), float32)": spaces.Box(-1, 1, (2,), np.float32),
+    "Dict(Discrete(5), Box(2)) hybrid": spaces.Dict({"move": spaces.Discrete(5), "aim": spaces.Box(-1, 1, (2,), np.float32)}),
+    "Dict(Tuple(MultiBinary(3), Discrete(4, start=-2)), Box float64 (3,))": spaces.Dict({
+        "buttons": spaces.Tuple((spaces.MultiBinary(3), spaces.Discrete(4, start=-2))),
+        "stick": spaces.Box(-2, 2, (3,), np.float64)}),
+}
+
+
+class ActionKind(NetHackLike):
+    """NetHackLike with another action space (the step ignores the action)."""
+
+    def __init__(self, action_space: spaces.Space):
+        super().__init__()
+        self.action_space = action_space
+
+
+def policy_action(env) -> object:
+    """One action in the emulated env's policy form (what a policy hands ``step``), as arrays."""
+    env.single_action_space.seed(0)
+    action = env.single_action_space.sample()
+    if isinstance(action, (int, np.integer)):
+        return np.array([action])
+    return {k: np.asarray(v) for k, v in action.items()} if isinstance(action, dict) else np.asarray(action)
+
+
+def action_kind_rows() -> list:
+    """What ``emulate(env).step`` adds per step for each action kind (NetHack-like observation), and
+    the same on Pendulum-v1 (a Box action, a Box observation that passes through)."""
+    rows, added = [], {}
+    for name, space in ACTION_KINDS.items():
+        raw, env = ActionKind(space), emulate(ActionKind(space))
+        raw.reset()
+        env.reset()
+        env.emulated.observation.compiled_pack()
+        space.seed(0)
+        native, action = space.sample(), policy_action(env)
+        raw_t, wrapped_t = per_call_us(lambda: raw.step(native)), per_call_us(lambda: env.step(action))
+        added[name] = wrapped_t[0] - raw_t[0]
+        rows.append([name, raw_t[0], wrapped_t[0], wrapped_t[1], added[name], added[name] - added["Discrete(8)"]])
+    raw, env = gym.make("Pendulum-v1"), emulate(gym.make("Pendulum-v1"))
+    raw.reset(seed=0)
+    env.reset(seed=0)
+    native, action = np.array([0.5], np.float32), np.array([0.5], np.float32)
+    raw_t, wrapped_t = per_call_us(lambda: raw.step(native)), per_call_us(lambda: env.step(action))
+    rows.append(["Pendulum-v1 (Box(-2, 2, (1,)) action)", raw_t[0], wrapped_t[0], wrapped_t[1], wrapped_t[0] - raw_t[0],
+                 float("nan")])
+    return rows
+
+
 def nativize_copies() -> int:
     layout = Layout.from_space(NETHACK)
     NETHACK.seed(0)
@@ -187,6 +240,9 @@ def main() -> None:
                 ["case", "method", "median µs", "spread µs", "gymnasium / this", "this / structured", "this / copy floor"], rows)
     print_table("emulate wrapper cost per step on (b) NetHack-like (µs, median of 7)",
                 ["", "median µs", "spread µs", "added µs"], wrapper_rows())
+    print_table("emulate(env).step per action kind (µs, median of 7); target: each kind adds <= 2 µs over Discrete",
+                ["action space", "raw env.step", "emulate step", "spread", "added µs", "added - Discrete's"],
+                action_kind_rows())
     print(f"torch nativize of 64 NetHack-like rows copied {nativize_copies()} bytes")
 
 

@@ -1,7 +1,9 @@
 """Agent-steps/s of packrl's vector backends next to gymnasium and Stable-Baselines3, side by side.
 
-Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step) and the same with a
-100 us busy step; 8 and 64 envs. Each cell: median of --repeats timed runs (spread = min..max),
+Envs: CartPole-v1, StructuredEnv (12 KB Dict observation, negligible step, Discrete action) and the
+same with a 100 us busy step; the 12 KB env with a MultiDiscrete, a Box and a hybrid Dict(Discrete(5),
+Box(2)) action ("Dict 12KB <kind>-act"; the 100 us one with the Dict action too) and Pendulum-v1 (Box
+action) by --envs; 8 and 64 envs. Each cell: median of --repeats timed runs (spread = min..max),
 ratios against gymnasium SyncVectorEnv. Usage: python benchmarks/vector.py [--quick] [--repeats N]
 Add "packrl ray" to --vectorizers for the ray backend (one actor per core of a local cluster).
 "packrl mp workers" is the multiprocessing backend with every env in a worker (main_envs=0).
@@ -20,10 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+from typing import Any
+
 import gymnasium
 import numpy as np
+from gymnasium import spaces
 
 from packrl import vector
+from packrl.emulation.actions import ActionLayout
 from packrl.vector.testing import StructuredEnv
 
 
@@ -31,10 +37,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
 
 
+class ActionKindEnv(StructuredEnv):
+    """StructuredEnv (12 KB Dict observation) with another action space; the step ignores the action."""
+
+    def __init__(self, action_space: spaces.Space, busy_us: float = 0.0):
+        super().__init__(busy_us)
+        self.action_space = action_space
+
+    def step(self, action: Any) -> tuple:
+        return super().step(0)
+
+
+HYBRID = spaces.Dict({"move": spaces.Discrete(5), "aim": spaces.Box(-1, 1, (2,), np.float32)})
+ACTION_KINDS = {
+    "MultiDiscrete": spaces.MultiDiscrete([3, 4, 5]),
+    "Box": spaces.Box(-1, 1, (2,), np.float32),
+    "Dict": HYBRID,
+}
+
 ENVS = {
     "CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"),
     "Dict 12KB": StructuredEnv,
     "Dict 12KB +100us": functools.partial(StructuredEnv, busy_us=100.0),
+    **{f"Dict 12KB {kind}-act": functools.partial(ActionKindEnv, space) for kind, space in ACTION_KINDS.items()},
+    "Dict 12KB +100us Dict-act": functools.partial(ActionKindEnv, HYBRID, busy_us=100.0),
+    "Pendulum-v1": functools.partial(gymnasium.make, "Pendulum-v1"),
 }
 
 
@@ -76,9 +103,28 @@ def make_vectorizer(name: str, creator, n: int):
     return v, v.step, v.close
 
 
+def action_batch(name: str, creator, n: int) -> Any:
+    """n actions in the form the vectorizer's step takes, the same actions for all: gymnasium's batched
+    native form, a list of native actions for SB3 (an array where it stacks), packrl's policy form
+    (``ActionLayout.encode``). Discrete envs get action 0 (as this script always gave them)."""
+    probe = creator()
+    space = probe.action_space
+    probe.close()
+    space.seed(0)
+    natives = [0 if isinstance(space, spaces.Discrete) else space.sample() for _ in range(n)]
+    if name.startswith("gym "):
+        return gymnasium.vector.utils.concatenate(space, natives, gymnasium.vector.utils.create_empty_array(space, n))
+    if name.startswith("sb3 "):
+        return natives if isinstance(space, spaces.Dict) else np.array(natives)
+    policy = [ActionLayout(space).encode(a) for a in natives]
+    if isinstance(policy[0], dict):
+        return {k: np.stack([p[k] for p in policy]) for k in policy[0]}
+    return np.stack(policy)
+
+
 def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) -> list[float]:
     v, step, close = make_vectorizer(name, creator, n)
-    actions = np.zeros(n, np.int64)
+    actions = action_batch(name, creator, n)
     for _ in range(20):  # warm up (first-call compiles, page faults)
         step(actions)
     rates = []
@@ -116,15 +162,16 @@ def interleaved(names: list[str], creator, n: int, seconds: float, rounds: int,
     other jobs falls on all of them alike (A/B/C, A/B/C, ... rather than A A A, B B B). ``other``
     gets, per round, the cores that other jobs kept busy meanwhile (Linux; coarse: 10 ms ticks)."""
     built = {name: make_vectorizer(name, creator, n) for name in names}
-    actions = np.zeros(n, np.int64)
+    batches = {name: action_batch(name, creator, n) for name in names}
     rates: dict[str, list[float]] = {name: [] for name in names}
     pids = {name: [os.getpid(), *getattr(v, "worker_pids", [])] for name, (v, _, _) in built.items()}
     try:
-        for _, step, _ in built.values():
+        for name, (_, step, _) in built.items():
             for _ in range(20):
-                step(actions)
+                step(batches[name])
         for _ in range(rounds):
             for name, (_, step, _) in built.items():
+                actions = batches[name]
                 machine, own = busy_cpu_s(), own_cpu_s(pids[name])
                 steps, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
@@ -159,7 +206,7 @@ def main() -> None:
     print(machine_line(("stable_baselines3",)))
     print("Machine shared with other jobs: compare ratios within one run, not absolute numbers across runs.")
     print(f"agent-steps/s, median of {args.repeats} x {seconds}s (min..max); ratio = median / gym Sync median")
-    print(f"{'env':18} {'n':>3} {'vectorizer':22} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
+    print(f"{'env':26} {'n':>3} {'vectorizer':22} {'median':>10} {'min..max':>21} {'x Sync':>7} {'x serial':>8}")
     for env_name in args.envs.split(","):
         for n in (int(s) for s in args.sizes.split(",")):
             other: dict[str, list[float]] = {}
@@ -171,11 +218,11 @@ def main() -> None:
             serial = statistics.median(results["packrl serial"]) if "packrl serial" in results else float("nan")
             for name, rates in results.items():
                 med = statistics.median(rates)
-                print(f"{env_name:18} {n:>3} {name:22} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
+                print(f"{env_name:26} {n:>3} {name:22} {med:>10.0f} {min(rates):>10.0f}..{max(rates):<10.0f} "
                       f"{med / sync:>7.2f} {med / serial:>8.2f}", flush=True)
                 if args.interleave:  # the rounds in order (a bimodal row shows as two clusters), each @ the
                     # cores other jobs used meanwhile
-                    print(f"{'':23}rounds k@other cores: " + " ".join(
+                    print(f"{'':31}rounds k@other cores: " + " ".join(
                         f"{r / 1e3:.0f}@{o:.1f}" for r, o in zip(rates, other[name])), flush=True)
 
 
