@@ -174,7 +174,7 @@ def _env_failure(report: Report, err: Exception, when: str) -> str:
 def _is_observation_packing(text: str) -> bool:
     """Whether a traceback (as the vector backends format it) ends in packing an observation."""
     return bool(re.search(r'emulation/layout\.py", line \d+, in (pack|_pack|_write|_check)', text)) or \
-        bool(re.search(r"emulation/(\w+_env\.py\", line \d+, in _write|rows\.py\", line \d+, in pack)\b", text))
+        bool(re.search(r"emulation/(\w+_env\.py\", line \d+, in _write|rows\.py\", line \d+, in pack(_block)?)\b", text))
 
 
 def _last_line(text: str) -> str:

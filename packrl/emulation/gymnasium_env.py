@@ -110,15 +110,7 @@ class GymnasiumEmulation(EmulatedRows):
         rows["rewards"][:] = rewards
         rows["terminals"][:] = terminals
         rows["truncations"][:] = truncations
-        if first.passthrough:
-            rows["observations"][:] = _stacked(first.emulated.observation.root.codec, observations, position)
-        else:
-            # straight into the rows: if an observation is refused, the env fails and its rows are void
-            try:
-                first.emulated.observation.pack_rows(list(observations), rows["observations"])
-            except EmulationError:
-                position.index = _first_refused(first.emulated.observation, observations)
-                raise
+        first.pack_block(observations, rows["observations"], position)
         ended = _NONE_ENDED
         if any(terminals) or any(truncations):  # the Python flags: cheaper than a mask on most steps
             ended = np.flatnonzero(rows["terminals"] | rows["truncations"])
@@ -143,36 +135,6 @@ def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tu
             position.index = k
             raise
     return checked
-
-
-def _first_refused(layout: Any, observations: tuple) -> int:
-    """Position of the first observation the layout refuses alone (the error path of a block pack, which
-    reports the block's sample index in its message: this names the env that returned it)."""
-    for k, obs in enumerate(observations):
-        try:
-            layout.pack(obs)
-        except EmulationError:
-            return k
-    return 0
-
-
-def _stacked(codec: Any, observations: tuple, position: BlockPosition) -> np.ndarray:
-    """The Box observations of a block, checked as one array. np.array stacks equal-shaped arrays
-    in a quarter of np.stack's time; where they do not stack, each is checked alone so that the
-    error names the env (``position``)."""
-    try:
-        stacked = np.array(observations)
-    except ValueError:
-        stacked = None
-    if stacked is None or stacked.dtype == object:
-        for k, obs in enumerate(observations):
-            try:
-                codec.check(obs, ())
-            except Exception:
-                position.index = k
-                raise
-        stacked = np.array(observations)
-    return codec.check(stacked, (), (len(observations),))[0]
 
 
 def _single(actions: Any, kind: str) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated
+from packrl.env_protocol import BlockPosition
 from packrl.errors import EmulationError
 
 
@@ -80,6 +81,20 @@ class EmulatedRows:
         return [group.observation.bind(buf[row, : group.observation.nbytes])
                 for row, group in enumerate(self._row_groups)]
 
+    def pack_block(self, observations: tuple, out: np.ndarray, position: BlockPosition) -> None:
+        """Check and write one observation per env of a block (envs of this one's layout, one row
+        each) into ``out``, leaf by leaf across the block (``Layout.pack_rows``) or, passed through,
+        as one checked array. On a refusal ``position.index`` names the env that returned it."""
+        if self.passthrough:
+            out[:] = _stacked(self.emulated.observation.root.codec, observations, position)
+            return
+        layout = self.emulated.observation
+        try:  # straight into the rows: if an observation is refused, the env fails and its rows are void
+            layout.pack_rows(list(observations), out)
+        except EmulationError:
+            position.index = _first_refused(layout, observations)
+            raise
+
     def render(self) -> Any:
         return self.env.render()
 
@@ -89,3 +104,33 @@ class EmulatedRows:
     @property
     def unwrapped(self) -> Any:
         return self.env.unwrapped
+
+
+def _first_refused(layout: Any, observations: tuple) -> int:
+    """Position of the first observation the layout refuses alone (the error path of a block pack, which
+    reports the block's sample index in its message: this names the env that returned it)."""
+    for k, obs in enumerate(observations):
+        try:
+            layout.pack(obs)
+        except EmulationError:
+            return k
+    return 0
+
+
+def _stacked(codec: Any, observations: tuple, position: BlockPosition) -> np.ndarray:
+    """The Box observations of a block, checked as one array. np.array stacks equal-shaped arrays
+    in a quarter of np.stack's time; where they do not stack, each is checked alone so that the
+    error names the env (``position``)."""
+    try:
+        stacked = np.array(observations)
+    except ValueError:
+        stacked = None
+    if stacked is None or stacked.dtype == object:
+        for k, obs in enumerate(observations):
+            try:
+                codec.check(obs, ())
+            except Exception:
+                position.index = k
+                raise
+        stacked = np.array(observations)
+    return codec.check(stacked, (), (len(observations),))[0]
