@@ -27,7 +27,7 @@ import numba
 import numpy as np
 import torch
 
-__all__ = ["compute_advantages", "reference_advantages", "advantages_numba", "advantages_cuda", "cut_pending_decisions"]
+__all__ = ["advantages_cuda", "advantages_numba", "compute_advantages", "cut_pending_decisions", "reference_advantages"]
 
 
 def reference_advantages(values: Any, rewards: Any, terminals: Any, truncations: Any, final_values: Any,
@@ -66,7 +66,7 @@ def reference_advantages(values: Any, rewards: Any, terminals: Any, truncations:
 
 @numba.njit(cache=True, nogil=True)
 def _advantages_kernel(values, rewards, terminals, truncations, final_values, next_value, masks, ratios,
-                       gamma, gae_lambda, rho_clip, c_clip, use_ratios, out):
+                       gamma, gae_lambda, rho_clip, c_clip, use_masks, use_ratios, out):
     T, N = values.shape
     boot = next_value.astype(np.float32).copy()
     chain = np.ones(N, np.float32)
@@ -77,7 +77,7 @@ def _advantages_kernel(values, rewards, terminals, truncations, final_values, ne
         for n in range(N):
             ended = terminals[t, n] or truncations[t, n]
             end_boot = np.float32(0.0) if terminals[t, n] else final_values[t, n]
-            if not masks[t, n]:
+            if use_masks and not masks[t, n]:
                 out[t, n] = 0.0
                 if ended:
                     boot[n], chain[n], carried[n], last[n] = end_boot, 0.0, rewards[t, n], 0.0
@@ -99,21 +99,54 @@ def _advantages_kernel(values, rewards, terminals, truncations, final_values, ne
             boot[n], chain[n], carried[n], last[n] = values[t, n], 1.0, 0.0, a
 
 
+@numba.njit(cache=True, nogil=True)
+def _gae_kernel(values, rewards, terminals, truncations, final_values, next_value, gamma, gae_lambda, out):
+    """The recursion when every row acts and there are no ratios (single-agent envs, plain GAE): no chain
+    or carried rewards to keep, and nothing read but the rollout itself."""
+    T, N = values.shape
+    boot = next_value.copy()
+    last = np.zeros(N, np.float32)
+    for t in range(T - 1, -1, -1):
+        for n in range(N):
+            if terminals[t, n]:
+                delta, last[n] = rewards[t, n] - values[t, n], 0.0
+            elif truncations[t, n]:
+                delta, last[n] = rewards[t, n] + gamma * final_values[t, n] - values[t, n], 0.0
+            else:
+                delta = rewards[t, n] + gamma * boot[n] - values[t, n]
+            last[n] = delta + gamma * gae_lambda * last[n]
+            out[t, n] = last[n]
+            boot[n] = values[t, n]
+
+
+_NO_MASKS = np.ones((1, 1), np.bool_)  # stand-ins the kernel never reads (use_masks / use_ratios false):
+_NO_RATIOS = np.ones((1, 1), np.float32)  # no (T, N) array is made per call when nothing is masked
+
+
+def _as(a: Any, dtype: type) -> np.ndarray:
+    """``a`` as a C-contiguous array of ``dtype``: the array itself when it already is one."""
+    if type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
 def advantages_numba(values: np.ndarray, rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndarray,
                      final_values: np.ndarray, next_value: np.ndarray, masks: np.ndarray | None = None,
                      gamma: float = 0.99, gae_lambda: float = 0.95, ratios: np.ndarray | None = None,
                      rho_clip: float = 1.0, c_clip: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
     """The Numba CPU kernel on numpy arrays (float32 math, no copies when inputs are float32/bool)."""
     T, N = _check_shapes(values, rewards, terminals, truncations, final_values, next_value, masks, ratios)
-    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731 - one-line converter
-    b = lambda a: np.ascontiguousarray(a, dtype=np.bool_)  # noqa: E731
+    f32, b = np.float32, np.bool_
     if out is None:
-        out = np.empty((T, N), np.float32)
-    mask = np.ones((T, N), np.bool_) if masks is None else b(masks)
-    ratio = np.ones((1, 1), np.float32) if ratios is None else f32(ratios)
-    _advantages_kernel(f32(values), f32(rewards), b(terminals), b(truncations), f32(final_values), f32(next_value),
-                       mask, ratio, np.float32(gamma), np.float32(gae_lambda), np.float32(rho_clip),
-                       np.float32(c_clip), ratios is not None, out)
+        out = np.empty((T, N), f32)
+    rollout = (_as(values, f32), _as(rewards, f32), _as(terminals, b), _as(truncations, b), _as(final_values, f32),
+               _as(next_value, f32))
+    if masks is None and ratios is None:
+        _gae_kernel(*rollout, f32(gamma), f32(gae_lambda), out)
+    else:
+        _advantages_kernel(*rollout, _NO_MASKS if masks is None else _as(masks, b),
+                           _NO_RATIOS if ratios is None else _as(ratios, f32), f32(gamma), f32(gae_lambda),
+                           f32(rho_clip), f32(c_clip), masks is not None, ratios is not None, out)
     return out
 
 
@@ -177,8 +210,7 @@ def compute_advantages(values: Any, rewards: Any, terminals: Any, truncations: A
     if isinstance(values, torch.Tensor):
         if values.is_cuda:
             return advantages_cuda(*args)
-        host = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
-        return torch.from_numpy(advantages_numba(*host))
+        return torch.from_numpy(advantages_numba(*(_host(a) for a in args)))
     return advantages_numba(*args)
 
 
@@ -209,16 +241,23 @@ def cut_pending_decisions(values: torch.Tensor, rewards: torch.Tensor, terminals
     return masks & ~cut, torch.where(cut, 0.0, rewards), torch.where(pending, bootstrap, next_value)
 
 
+def _host(a: Any) -> Any:
+    """A CPU tensor's numpy view (no copy); anything else as it is."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    return a.numpy() if a.device.type == "cpu" and not a.requires_grad else a.detach().cpu().numpy()
+
+
 def _check_shapes(values: Any, rewards: Any, terminals: Any, truncations: Any, final_values: Any,
                   next_value: Any, masks: Any, ratios: Any) -> tuple[int, int]:
     shape = tuple(values.shape)
     if len(shape) != 2:
         raise ValueError(f"advantages take (time, rows) arrays; values has shape {shape}")
-    named = {"rewards": rewards, "terminals": terminals, "truncations": truncations, "final_values": final_values,
-             "masks": masks, "ratios": ratios}
-    for name, a in named.items():
-        if a is not None and tuple(a.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(a.shape)}, values has {shape}")
-    if tuple(next_value.shape) != shape[1:]:
+    same = (rewards, terminals, truncations, final_values, masks, ratios)
+    if any(a is not None and tuple(a.shape) != shape for a in same) or tuple(next_value.shape) != shape[1:]:
+        named = dict(zip(("rewards", "terminals", "truncations", "final_values", "masks", "ratios"), same))
+        for name, a in named.items():
+            if a is not None and tuple(a.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(a.shape)}, values has {shape}")
         raise ValueError(f"next_value has shape {tuple(next_value.shape)}, expected ({shape[1]},)")
     return shape

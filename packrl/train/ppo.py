@@ -16,20 +16,28 @@ raises ``NonFiniteError`` naming the first one (env row and leaf, or epoch and m
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from packrl.errors import PackrlError
 from packrl.nativize import torch_dtype
 from packrl.train.advantage import compute_advantages, cut_pending_decisions
+from packrl.train.distributed import (
+    all_sum,
+    average_gradients,
+    broadcast_parameters,
+    rank_and_world,
+)
+from packrl.train.optimizer import adam, clip_grad_norm
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -71,7 +79,7 @@ class PPOConfig:
     bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
     bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
     bf16: bool = False  # bfloat16 autocast for forward passes
-    compile: bool = False  # torch.compile the policy's forward passes
+    compile: bool = False  # torch.compile the rollout forward and the minibatch loss (CPU: faster after ~2-15 s of compiling)
     seed: int = 0
     device: str = "auto"  # "auto": cuda when present, else cpu
 
@@ -139,15 +147,17 @@ class PPO:
         self.env, self.config = vecenv, config or PPOConfig()
         cfg = self.config
         self.device = cfg.resolve_device()
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.rank, self.world = rank_and_world()
         torch.manual_seed(cfg.seed)
         self.policy = policy.to(self.device)
-        if self.world > 1:  # every rank starts from rank 0's weights
-            for p in self.policy.state_dict().values():
-                dist.broadcast(p.data, src=0)
-        self.optimizer = _adam(self.policy.parameters(), cfg.learning_rate)
+        if self.world > 1:
+            broadcast_parameters(self.policy)
+        self.optimizer = adam(self.policy.parameters(), cfg.learning_rate)
+        # compile: the rollout forward, and the minibatch loss as one graph (policy forward, distribution, losses;
+        # its backward compiled with it), which fuses the loss's small ops; the first update pays the compilation
         self.forward_eval = torch.compile(policy.forward_eval) if cfg.compile else policy.forward_eval
         self.forward = torch.compile(policy.forward) if cfg.compile else policy.forward
+        self.minibatch_loss = torch.compile(self._minibatch_loss) if cfg.compile else self._minibatch_loss
         self.recurrent = len(policy.initial_state(1, self.device)) > 0
         self.horizon = (cfg.bptt_horizon or cfg.num_steps) if self.recurrent else 1
         if cfg.num_steps % self.horizon:
@@ -221,9 +231,10 @@ class PPO:
         if self.actions is None:
             T = self.config.num_steps
             alloc = lambda a: torch.zeros((T, *a.shape), dtype=a.dtype, device=self.device)  # noqa: E731
-            self.actions = {k: alloc(v) for k, v in action.items()} if isinstance(action, dict) else alloc(action)
-            self._action_views = [{k: v[i] for k, v in self.actions.items()} if isinstance(self.actions, dict)
-                                  else self.actions[i] for i in range(T)]
+            with torch.inference_mode(False):  # storage is a normal tensor (collect steps in inference mode)
+                self.actions = {k: alloc(v) for k, v in action.items()} if isinstance(action, dict) else alloc(action)
+                self._action_views = [{k: v[i] for k, v in self.actions.items()} if isinstance(self.actions, dict)
+                                      else self.actions[i] for i in range(T)]
         view = self._action_views[t]
         if isinstance(action, dict):
             for k, v in action.items():
@@ -234,52 +245,54 @@ class PPO:
     # ------------------------------------------------------------------ rollout
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+        """bfloat16 autocast for a forward pass with ``bf16``; else nothing (entering a disabled autocast
+        costs microseconds on every rollout step)."""
+        if self.config.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def collect(self) -> dict[str, float]:
-        """Fill storage with ``num_steps`` steps of every row."""
+        """Fill storage with ``num_steps`` steps of every row (the steps in inference mode: no autograd bookkeeping)."""
         env, decoder, T = self.env, self.policy.decoder, self.config.num_steps
         start_time = time.perf_counter()
         for slots in (self._slots["obs"], self._slots["mask"], self._slots["start"]):
             slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
         self.segment_states = []
-        recurrent, autocast = self.recurrent, self.config.bf16
+        recurrent = self.recurrent
         numpy_masks = self._numpy["mask"] if self._numpy is not None else None
-        for t in range(T):
-            obs_t, start_t, logprob_t, value_t = self._step_views[t]
-            if recurrent and t % self.horizon == 0:
-                self.segment_states.append(tuple(s.clone() for s in self.state))
-            if autocast:
+        with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
+            for t in range(T):
+                obs_t, start_t, logprob_t, value_t = self._step_views[t]
+                if recurrent and t % self.horizon == 0:
+                    self.segment_states.append(tuple(s.clone() for s in self.state))
                 with self._autocast():
                     logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
-            else:
-                logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
-            dist_ = decoder.distribution(logits.float())
-            if hasattr(dist_, "sample_with_log_prob"):
-                action, logprob = dist_.sample_with_log_prob()
-            else:  # a user decoder's own distribution
-                action = dist_.sample()
-                logprob = dist_.log_prob(action)
-            logprob_t.copy_(logprob)
-            value_t.copy_(value.reshape(-1))
-            self._store_actions(t, action)
+                dist_ = decoder.distribution(logits.float())
+                if hasattr(dist_, "sample_with_log_prob"):
+                    action, logprob = dist_.sample_with_log_prob()
+                else:  # a user decoder's own distribution
+                    action = dist_.sample()
+                    logprob = dist_.log_prob(action)
+                logprob_t.copy_(logprob)
+                value_t.copy_(value.reshape(-1))
+                self._store_actions(t, action)
 
-            # the rows that acted on this step's observation
-            acting = numpy_masks[t] if numpy_masks is not None else env.masks.copy()
-            obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
-            terminals, truncations = np.asarray(terminals), np.asarray(truncations)
-            self._put(t, "reward", rewards)
-            self._put(t, "terminal", terminals)
-            self._put(t, "truncation", truncations)
-            ended = np.logical_or(terminals, truncations)
-            self.episodes.step(rewards, ended, acting)
-            if truncations.any() and (truncated := np.flatnonzero(truncations & ~terminals)).size:
-                self.final_values[t] = 0.0
-                self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
-            self._put(t + 1, "obs", obs)
-            self._put(t + 1, "mask", env.masks)
-            self._put(t + 1, "start", ended)
+                # the rows that acted on this step's observation
+                acting = numpy_masks[t] if numpy_masks is not None else env.masks.copy()
+                obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
+                terminals, truncations = np.asarray(terminals), np.asarray(truncations)
+                self._put(t, "reward", rewards)
+                self._put(t, "terminal", terminals)
+                self._put(t, "truncation", truncations)
+                ended = np.logical_or(terminals, truncations)
+                self.episodes.step(rewards, ended, acting)
+                if truncations.any() and (truncated := np.flatnonzero(truncations & ~terminals)).size:
+                    self.final_values[t] = 0.0
+                    self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
+                self._put(t + 1, "obs", obs)
+                self._put(t + 1, "mask", env.masks)
+                self._put(t + 1, "start", ended)
         with self._autocast():
             _, next_value, _ = self.forward_eval(self._slots["obs"][T], self.state, self._slots["start"][T])
         self.next_value = next_value.float().reshape(-1)
@@ -289,7 +302,7 @@ class PPO:
             self._slots["mask"][T])
         self._check_env_values()
         acted = int(self.masks.sum())
-        acted = _all_sum(acted, self.device) if self.world > 1 else acted
+        acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
 
@@ -371,115 +384,110 @@ class PPO:
         T, N, L = x.shape[0], x.shape[1], self.horizon
         return x.reshape(T // L, L, N, *x.shape[2:]).transpose(1, 2).reshape(T // L * N, L, *x.shape[2:])
 
+    def _batch(self) -> dict[str, Any]:
+        """The rollout as (segment, time, ...) tensors (``_segments``), with the recurrent state at the start
+        of each segment. Rows left out of training hold log-prob and value 0, so nothing they carry reaches
+        a loss; ``advantages`` and ``returns`` are added per epoch."""
+        masks, actions = self.train_masks, self.actions
+        return {
+            "obs": self._segments(self.obs), "masks": self._segments(masks), "starts": self._segments(self.starts),
+            "logprobs": self._segments(torch.where(masks, self.logprobs, 0.0)),
+            "values": self._segments(torch.where(masks, self.values, 0.0)),
+            "actions": ({k: self._segments(v) for k, v in actions.items()} if isinstance(actions, dict)
+                        else self._segments(actions)),
+            "states": tuple(torch.stack(parts).reshape(-1, *parts[0].shape[1:]) for parts in zip(*self.segment_states)),
+        }
+
     def update(self) -> dict[str, float]:
+        """``update_epochs`` passes of shuffled minibatches over the rollout (CleanRL's loop). With
+        ``target_kl``, the epochs stop once the last minibatch's approx_kl exceeds it (CleanRL's rule)."""
         cfg = self.config
         start_time = time.perf_counter()
-        advantages, returns = self.advantages()
-        masks = self.train_masks
-        b_obs, b_masks, b_starts = self._segments(self.obs), self._segments(masks), self._segments(self.starts)
-        b_logprobs = self._segments(torch.where(masks, self.logprobs, 0.0))
-        b_values = self._segments(torch.where(masks, self.values, 0.0))
-        b_actions = ({k: self._segments(v) for k, v in self.actions.items()} if isinstance(self.actions, dict)
-                     else self._segments(self.actions))
-        b_states = tuple(torch.stack(parts).reshape(-1, *parts[0].shape[1:]) for parts in zip(*self.segment_states))
-        num_segments = b_obs.shape[0]
-        minibatch = max(num_segments // cfg.num_minibatches, 1)
-
-        # With no masked row in the rollout (single-agent envs), masked means are plain means: one host
-        # sync here saves a where and a division in every mean of every minibatch.
-        all_acting = bool(masks.all())
-        # Statistics stay tensors until the end: one host sync per update, not one per minibatch.
-        stats: dict[str, list] = {k: [] for k in ("pg_loss", "v_loss", "entropy", "grad_norm")}
-        positions: list[tuple[int, int]] = []  # (epoch, minibatch) of each entry of stats
-        kl_parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logratio, mask) of each minibatch
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        advantages, returns = self.advantages()
+        b = self._batch()
+        num_segments = b["obs"].shape[0]
+        minibatch_size = max(num_segments // cfg.num_minibatches, 1)
+        # With no row left out (single-agent envs), masked means are plain means: one host sync here
+        # saves a where and a division in every mean of every minibatch.
+        all_acting = bool(self.train_masks.all())
+        losses, kl_parts, positions = [], [], []  # per minibatch, tensors until the end: one host sync
         for epoch in range(cfg.update_epochs):
             if cfg.vtrace and epoch > 0:
-                advantages, returns = self.advantages(self._current_ratios(b_obs, b_states, b_starts, b_actions, b_logprobs))
-            b_advantages, b_returns = self._segments(advantages), self._segments(returns)
+                advantages, returns = self.advantages(self._current_ratios(b))
+            b["advantages"], b["returns"] = self._segments(advantages), self._segments(returns)
             order = torch.randperm(num_segments, device=self.device)
-            for first in range(0, num_segments, minibatch):
-                positions.append((epoch, first // minibatch))
-                mb = order[first:first + minibatch]
-                if all_acting:
-                    mask, masked_mean = None, torch.mean
-                else:
-                    mask = b_masks[mb]
-                    count = mask.sum().clamp(min=1).float()
-                    masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
-
-                # episode starts matter only to recurrent state (the MLP ignores them)
-                mb_states, mb_starts = (tuple(s[mb] for s in b_states), b_starts[mb]) if self.recurrent else ((), None)
-                if cfg.bf16:
-                    with self._autocast():
-                        logits, newvalue, _ = self.forward(b_obs[mb], mb_states, mb_starts)
-                else:
-                    logits, newvalue, _ = self.forward(b_obs[mb], mb_states, mb_starts)
-                dist_ = self.policy.decoder.distribution(logits.float())
-                newlogprob = dist_.log_prob(_index(b_actions, mb))
-                entropy = dist_.entropy()
-                logratio = newlogprob - b_logprobs[mb]
-                newvalue = newvalue.float()
-                if newvalue.shape != logratio.shape:
-                    newvalue = newvalue.reshape(logratio.shape)
-                if mask is not None:
-                    logratio = torch.where(mask, logratio, 0.0)
-                ratio = logratio.exp()
-                kl_parts.append((logratio.detach(), mask))
-
-                mb_advantages = b_advantages[mb]
-                if cfg.norm_adv:
-                    if all_acting:
-                        # unbiased, as the masked form; one element has std 0 there (torch.std gives NaN)
-                        mean = mb_advantages.mean()
-                        std = mb_advantages.std() if mb_advantages.numel() > 1 else torch.zeros_like(mean)
-                    else:
-                        mean = masked_mean(mb_advantages)
-                        std = (masked_mean((mb_advantages - mean) ** 2) * count / (count - 1).clamp(min=1.0)).sqrt()
-                    mb_advantages = (mb_advantages - mean) / (std + 1e-8)
-
-                # Policy loss
-                neg_advantages = -mb_advantages
-                pg_loss1 = neg_advantages * ratio
-                pg_loss2 = neg_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
-                pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2))
-
-                # Value loss
-                mb_returns = b_returns[mb]
-                if cfg.clip_vloss:
-                    mb_values = b_values[mb]
-                    v_loss_unclipped = (newvalue - mb_returns) ** 2
-                    v_clipped = mb_values + torch.clamp(newvalue - mb_values, -cfg.clip_coef, cfg.clip_coef)
-                    v_loss_clipped = (v_clipped - mb_returns) ** 2
-                    v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped))
-                else:
-                    v_loss = 0.5 * masked_mean((newvalue - mb_returns) ** 2)
-
-                entropy_loss = masked_mean(entropy)
-                loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
-
-                for p in params:  # optimizer.zero_grad(set_to_none=True) without its profiler record per call
-                    p.grad = None
+            for first in range(0, num_segments, minibatch_size):
+                mb = order[first:first + minibatch_size]
+                mask = None if all_acting else b["masks"][mb]
+                loss, terms, logratio = self.minibatch_loss(b, mb, mask)
+                self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.world > 1:
-                    _average_gradients(self.policy)
-                grad_norm = _clip_grad_norm(params, cfg.max_grad_norm)
+                    average_gradients(params)
+                grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
                 self.optimizer.step()
-                stats["pg_loss"].append(pg_loss.detach())
-                stats["v_loss"].append(v_loss.detach())
-                stats["entropy"].append(entropy_loss.detach())
-                stats["grad_norm"].append(grad_norm)
-
-            if cfg.target_kl is not None and _kl_statistics(kl_parts, cfg.clip_coef)["approx_kl"].item() > cfg.target_kl:
+                losses.append((*terms, grad_norm))
+                kl_parts.append((logratio, mask))
+                positions.append((epoch, first // minibatch_size))
+            if cfg.target_kl is not None and _kl_statistics(kl_parts[-1:], cfg.clip_coef)["approx_kl"] > cfg.target_kl:
                 break
+        return self._update_statistics(params, losses, kl_parts, positions, returns, start_time)
 
-        per_minibatch = {k: torch.stack(v) for k, v in stats.items()}
-        parameter_norms = torch.stack(torch._foreach_norm(params)) if params else torch.zeros(0, device=self.device)
+    def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor, mask: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """CleanRL's PPO loss on the segments ``mb`` of the batch ``b``: ``(loss, (pg_loss, v_loss, entropy),
+        logratio)``. ``mask`` (the rows that acted) weighs every mean; None: every row counts."""
+        cfg = self.config
+        if mask is None:
+            mean, count = torch.mean, None
+        else:
+            count = mask.sum().clamp(min=1).float()
+            mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
+        # episode starts matter only to recurrent state (the MLP ignores them)
+        states, starts = (tuple(s[mb] for s in b["states"]), b["starts"][mb]) if self.recurrent else ((), None)
+        with self._autocast():
+            logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts)
+        dist_ = self.policy.decoder.distribution(logits.float())
+        logratio = dist_.log_prob(_index(b["actions"], mb)) - b["logprobs"][mb]
+        if mask is not None:
+            logratio = torch.where(mask, logratio, 0.0)
+        ratio = logratio.exp()
+
+        mb_advantages = b["advantages"][mb]
+        if cfg.norm_adv:
+            mb_advantages = _normalize(mb_advantages, mean, count)
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+
+        newvalue = newvalue.float().reshape(logratio.shape)
+        mb_returns = b["returns"][mb]
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        if cfg.clip_vloss:
+            mb_values = b["values"][mb]
+            v_clipped = mb_values + torch.clamp(newvalue - mb_values, -cfg.clip_coef, cfg.clip_coef)
+            v_loss = 0.5 * mean(torch.max(v_loss_unclipped, (v_clipped - mb_returns) ** 2))
+        else:
+            v_loss = 0.5 * mean(v_loss_unclipped)
+
+        entropy_loss = mean(dist_.entropy())
+        loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
+        return loss, (pg_loss.detach(), v_loss.detach(), entropy_loss.detach()), logratio.detach()
+
+    def _update_statistics(self, params: list[torch.Tensor], losses: list[tuple], kl_parts: list[tuple],
+                           positions: list[tuple[int, int]], returns: torch.Tensor, start_time: float) -> dict[str, float]:
+        """The update's figures, means over its minibatches (one host sync); NonFiniteError when a loss, a
+        gradient or a parameter went non-finite."""
+        per_minibatch = {k: torch.stack(v) for k, v in zip(("pg_loss", "v_loss", "entropy", "grad_norm"), zip(*losses))}
+        with torch.no_grad():
+            parameter_norms = torch.stack([torch.linalg.vector_norm(p) for p in params]) if params \
+                else torch.zeros(0, device=self.device)
         out = {k: v.mean() for k, v in per_minibatch.items()}
-        out.update(_kl_statistics(kl_parts, cfg.clip_coef))
+        out.update(_kl_statistics(kl_parts, self.config.clip_coef))
         out["all_finite"] = torch.isfinite(torch.cat([v.float() for v in (*per_minibatch.values(), parameter_norms)])).all()
         out = {k: v.item() for k, v in out.items()}
-        out["explained_variance"] = _explained_variance(self.values, returns, masks)
+        out["explained_variance"] = _explained_variance(self.values, returns, self.train_masks)
         out["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         out["update_seconds"] = time.perf_counter() - start_time
         if not out.pop("all_finite"):
@@ -505,12 +513,11 @@ class PPO:
         return f"{where}: a non-finite value in the update"
 
     @torch.no_grad()
-    def _current_ratios(self, b_obs: torch.Tensor, b_states: tuple, b_starts: torch.Tensor, b_actions: Any,
-                        b_logprobs: torch.Tensor) -> torch.Tensor:
-        """pi_current / pi_rollout for every stored step, back in (T, N) order (for V-trace clipping)."""
+    def _current_ratios(self, b: dict[str, Any]) -> torch.Tensor:
+        """pi_current / pi_rollout for every stored step of the batch ``b``, back in (T, N) order (for V-trace clipping)."""
         with self._autocast():
-            logits, _, _ = self.forward(b_obs, b_states, b_starts)
-        logratio = self.policy.decoder.distribution(logits.float()).log_prob(b_actions) - b_logprobs
+            logits, _, _ = self.forward(b["obs"], b["states"], b["starts"])
+        logratio = self.policy.decoder.distribution(logits.float()).log_prob(b["actions"]) - b["logprobs"]
         T, N, L = self.config.num_steps, self.num_rows, self.horizon
         return logratio.exp().reshape(T // L, N, L).transpose(1, 2).reshape(T, N)
 
@@ -592,78 +599,16 @@ def _stops(answer: Any) -> bool:
     return answer is not None and not bool(answer)
 
 
-def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
-    """Adam with CleanRL's eps; the fused kernel (CPU and CUDA) when this torch has it."""
-    params = list(params)
-    try:
-        return _FusedAdam(params, lr=lr, eps=1e-5, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, lr=lr, eps=1e-5)
-
-
-class _FusedAdam(torch.optim.Adam):
-    """``torch.optim.Adam(fused=True)`` whose ``step()`` calls the fused kernel directly once its state
-    exists: the same ``_foreach_add_`` of the step counts and the same ``_fused_adam_`` call with the
-    same arguments as torch's own path (tested bit for bit against it), without the per-step grouping
-    of tensors and hooks around it, which cost a small network more than the update itself. Anything
-    outside the plain case (several groups or devices, a missing gradient, amsgrad, weight decay,
-    hooks) takes torch's own ``step``."""
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        fast = self._fast_lists() if closure is None else None
-        if fast is None:
-            return super().step(closure)
-        params, grads, exp_avgs, exp_avg_sqs, steps = fast
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        torch._foreach_add_(steps, 1)
-        try:
-            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
-                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], maximize=False,
-                               grad_scale=None, found_inf=None)
-        except (TypeError, RuntimeError):
-            # a torch whose private kernel takes other arguments: undo the count, use torch's own step for good
-            torch._foreach_sub_(steps, 1)
-            self._direct = False
-            return super().step(closure)
-        return None
-
-    def _fast_lists(self) -> tuple | None:
-        if not getattr(self, "_direct", True) or len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
-            return None
-        group = self.param_groups[0]
-        if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group.get("decoupled_weight_decay") \
-                or isinstance(group["lr"], torch.Tensor) or not hasattr(torch, "_fused_adam_"):
-            return None
-        params = group["params"]
-        grads = [p.grad for p in params]
-        if any(g is None or g.is_sparse for g in grads):
-            return None
-        cache = getattr(self, "_packrl_state_lists", None)
-        # the state lists hold until load_state_dict or add_param_group replaces the state or the params
-        if cache is None or cache[0] is not self.state or cache[1] is not params:
-            states = [self.state.get(p) for p in params]
-            if any(not st or "exp_avg" not in st for st in states):
-                return None  # the first step creates the state through torch's path
-            if len({(p.device, p.dtype) for p in params} | {(g.device, g.dtype) for g in grads}) != 1:
-                return None
-            cache = self._packrl_state_lists = (self.state, params, [st["exp_avg"] for st in states],
-                                                [st["exp_avg_sq"] for st in states], [st["step"] for st in states])
-        return params, grads, cache[2], cache[3], cache[4]
-
-
-def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``nn.utils.clip_grad_norm_`` (same norm, same 1e-6, same clamp at 1) for parameters that share one
-    device and dtype, without its per-call grouping of tensors (which costs more than the clipping of
-    a small network). Returns the norm before clipping (0 without gradients)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=params[0].device if params else "cpu")
-    if len({(g.device, g.dtype) for g in grads}) > 1:
-        return nn.utils.clip_grad_norm_(params, max_norm).float()
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
-    return total
+def _normalize(x: torch.Tensor, mean: Callable, count: torch.Tensor | None) -> torch.Tensor:
+    """(x - mean) / (std + 1e-8), with the unbiased std over the rows ``mean`` counts (``count`` of them;
+    None: all). One element has std 0 here (torch.std gives NaN)."""
+    if count is None:
+        m = x.mean()
+        std = x.std() if x.numel() > 1 else torch.zeros_like(m)
+    else:
+        m = mean(x)
+        std = (mean((x - m) ** 2) * count / (count - 1).clamp(min=1.0)).sqrt()
+    return (x - m) / (std + 1e-8)
 
 
 def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor | None]], clip_coef: float) -> dict[str, torch.Tensor]:
@@ -700,23 +645,3 @@ def _explained_variance(values: torch.Tensor, returns: torch.Tensor, masks: torc
     y_pred, y_true = values[masks].double(), returns[masks].double()
     var_y = y_true.var() if y_true.numel() > 1 else torch.tensor(float("nan"))
     return float("nan") if not torch.isfinite(var_y) or var_y == 0 else float(1 - (y_true - y_pred).var() / var_y)
-
-
-def _average_gradients(module: nn.Module) -> None:
-    """One all-reduce over all gradients flattened together (DDP's effect, without wrapping the
-    policy: PPO calls ``forward_eval`` and ``forward``, which DDP's hooks on ``__call__`` would miss)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def _all_sum(value: int, device: torch.device) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t)
-    return int(t.item())
-

@@ -1,0 +1,57 @@
+"""PPO's update: CleanRL's target_kl rule, the optimizer and clipping through torch's public APIs, and the
+update's statistics."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from packrl import vector
+from packrl.models import Policy
+from packrl.train.optimizer import adam, clip_grad_norm
+from packrl.train.ppo import PPO, PPOConfig
+
+
+def _optimizer_steps(target_kl):
+    env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=0)
+    torch.manual_seed(0)
+    ppo = PPO(env, Policy.from_env(env, hidden=16),
+              PPOConfig(num_steps=16, num_minibatches=2, update_epochs=4, learning_rate=1e-2, target_kl=target_kl))
+    steps = []
+    ppo.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    ppo.collect()
+    stats = ppo.update()
+    env.close()
+    return len(steps), stats
+
+
+@pytest.mark.parametrize("target_kl, steps", [(None, 8), (1e9, 8), (0.0, 2)])
+def test_target_kl_stops_after_the_epoch_whose_last_minibatch_exceeds_it(target_kl, steps):
+    """CleanRL's rule: after each epoch, stop when the last minibatch's approx_kl exceeds target_kl. The
+    first epoch's second minibatch runs on changed weights, so its approx_kl is above 0: target_kl 0 stops
+    after one epoch (2 minibatch steps); None or a large target runs all 4 epochs (8 steps)."""
+    taken, stats = _optimizer_steps(target_kl)
+    assert taken == steps
+    assert np.isfinite(stats["approx_kl"]) and stats["approx_kl"] >= 0.0
+
+
+def test_adam_is_torch_adam_with_cleanrl_eps_and_clipping_is_clip_grad_norm():
+    """The optimizer module's Adam and clipping equal torch's own calls, step by step."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(s, generator=gen) for s in ((5, 3), (5,), (2, 5))]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_ours = adam(ours, lr=1e-2)
+    assert isinstance(opt_ours, torch.optim.Adam) and opt_ours.defaults["eps"] == 1e-5
+    opt_ref = torch.optim.Adam(ref, lr=1e-2, eps=1e-5)
+    for _ in range(4):
+        grads = [10 * torch.randn(p.shape, generator=gen) for p in ours]
+        for p, q, g in zip(ours, ref, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        norm = clip_grad_norm(ours, 0.5)
+        want = torch.nn.utils.clip_grad_norm_(ref, 0.5)
+        torch.testing.assert_close(norm, want)
+        assert norm > 0.5  # the gradients were large: clipping acted
+        opt_ours.step()
+        opt_ref.step()
+        for p, q in zip(ours, ref):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
