@@ -208,13 +208,6 @@ class KernelSource:
         for c in self.checks:
             if c.kind == "range":
                 self.constants[f"LOW_{c.index}"], self.constants[f"HIGH_{c.index}"] = c.low, c.high
-        if action.num_discrete:
-            self.constants["ACT_DHIGH"] = action.nvec - 1
-        if action.num_continuous:
-            shape = action.policy_space["continuous"].shape if action.kind == "hybrid" else action.policy_space.shape
-            dtype = action.continuous_dtype if action.kind != "continuous" else action.policy_space.dtype
-            self.constants["ACT_CLOW"] = action.low.astype(dtype).reshape(shape)
-            self.constants["ACT_CHIGH"] = action.high.astype(dtype).reshape(shape)
 
     # argument lists
     @property
@@ -271,25 +264,6 @@ class KernelSource:
             code(f"final_observations[i, {inner}] = observations[i, {inner}]" if inner
                  else "final_observations[i] = observations[i]")
 
-    def _action_checks(self, code: Code) -> None:
-        """Loops over copy ``i``'s action: return ``-(i + 1)`` on a choice or value outside the space."""
-        kind, refuse = self.action.kind, "return -(i + 1)"
-        if kind == "discrete":
-            with code.block(f"if act[i] < 0 or act[i] >= {int(self.action.nvec[0])}:"):
-                code(refuse)
-            return
-        if self.action.num_discrete:
-            d = "act_d" if kind == "hybrid" else "act"
-            with code.loops([self.action.num_discrete], var="j") as j:
-                with code.block(f"if {d}[i, {j}] < 0 or {d}[i, {j}] > ACT_DHIGH[{j}]:"):
-                    code(refuse)
-        if self.action.num_continuous:
-            c = "act_c" if kind == "hybrid" else "act"
-            with code.loops(self.constants["ACT_CLOW"].shape, var="j") as inner:
-                code(f"x = {c}[i, {inner}]")
-                with code.block(f"if not (x >= ACT_CLOW[{inner}] and x <= ACT_CHIGH[{inner}]):"):
-                    code(refuse)
-
     def source(self) -> str:
         env = self.env
         obs_class = "" if self.passthrough else f'Obs = record("Obs", {tuple(c.field for c in self.checks)!r})\n'
@@ -328,12 +302,9 @@ class KernelSource:
                 code("failed += 1 if c < 0 else 0", "ends += c if c > 0 else 0")
             code("return ends, failed")
 
-        def head() -> None:
-            code("# >= 0: the number of episodes that ended; -(i + 1): action of copy i is invalid (nothing",
-                 "# was stepped); -(n + 1): some copies wrote a leaf out of its space (see bad)",
-                 "n = rewards.shape[0]")
-            with code.block("for i in range(n):"):
-                self._action_checks(code)
+        def head() -> None:  # the actions were checked before the call (ActionLayout.check_batch)
+            code("# >= 0: the number of episodes that ended; -(n + 1): some copies wrote a leaf out of its",
+                 "# space (see bad)", "n = rewards.shape[0]")
 
         code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
         with code.block(f"def step_serial({step_args}):"):
@@ -624,9 +595,11 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
             acts = (actions,)
         else:
             acts = self._actions(actions)
+        if self._check_actions(*acts) >= 0:
+            self._refuse_actions(acts)
         code = self._step_kernel(*acts, *self._step_tail)
         if code < 0:
-            self._raise_step_error(code, acts)
+            self._raise_leaf_error("step")
         infos = self._episode_infos() if code > 0 and self.episode_infos else {}
         return self.observations, self.rewards, self.terminals, self.truncations, infos
 
@@ -681,20 +654,27 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
             if dtype.kind == "f" and arr.dtype.kind != "f":
                 raise EmulationError(f"numba env {self.name!r}: {part} actions must be floats, got dtype {arr.dtype}")
             if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
-                raise EmulationError(f"numba env {self.name!r}: {part} action {arr.max()} is not a valid choice")
+                raise EmulationError(f"numba env {self.name!r}: {part} action {arr.max()} does not fit int64")
             arr = arr.astype(dtype)  # integer widths are exact; floats go to the Box's own dtype, as decode does
         return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
-    def _raise_step_error(self, code: int, acts: tuple) -> None:
-        if -code <= self.num_envs:
-            i = -code - 1
-            action = acts[0][i] if len(acts) == 1 else {"discrete": acts[0][i], "continuous": acts[1][i]}
-            bounds = f"choices in [0, n) with n={self.emulated.action.nvec.tolist()}" if self.emulated.action.num_discrete else ""
-            if self.emulated.action.num_continuous:
-                bounds += (" and " if bounds else "") + f"continuous values in [{self.emulated.action.low.tolist()}, {self.emulated.action.high.tolist()}]"
-            raise EmulationError(f"numba env {self.name!r}, env index {i}: action {np.asarray(action).tolist()} is "
-                                 f"outside the action space ({bounds}); no copy was stepped")
-        self._raise_leaf_error("step")
+    def _check_actions(self, *acts: np.ndarray) -> int:
+        """The first copy whose action is outside the space, or -1: packrl's one action checker
+        (``ActionLayout.check_batch``, one C call) on the kernel's action arrays."""
+        action = self.emulated.action
+        if len(acts) == 2:
+            return action.check_batch(*acts)
+        return action.check_batch(None, acts[0]) if action.kind == "continuous" else action.check_batch(acts[0], None)
+
+    def _refuse_actions(self, acts: tuple) -> None:
+        i = self._check_actions(*acts)
+        action = acts[0][i] if len(acts) == 1 else {"discrete": acts[0][i], "continuous": acts[1][i]}
+        layout = self.emulated.action
+        bounds = f"choices in [0, n) with n={layout.nvec.tolist()}" if layout.num_discrete else ""
+        if layout.num_continuous:
+            bounds += (" and " if bounds else "") + f"continuous values in [{layout.low.tolist()}, {layout.high.tolist()}]"
+        raise EmulationError(f"numba env {self.name!r}, env index {i}: action {np.asarray(action).tolist()} is "
+                             f"outside the action space ({bounds}); no copy was stepped")
 
     def _raise_leaf_error(self, phase: str) -> None:
         rows = np.flatnonzero(self._bad >= 0)
