@@ -20,13 +20,9 @@ import packrl.commands.evaluate
 import packrl.commands.inspect
 import packrl.commands.train
 from packrl import __version__, commands
+from packrl.commands.arguments import SHORTCUTS
 from packrl.errors import PackrlError
 
-SHORTCUTS = {  # flag -> the setting it sets
-    "total_steps": "train.total_steps", "seed": "train.seed", "device": "train.device",
-    "num_envs": "vec.num_envs", "backend": "vec.backend", "num_workers": "vec.num_workers",
-    "network": "policy.network", "hidden": "policy.hidden",
-}
 CONFIG_COMMANDS = ("train", "check")
 SECTION_TITLES = {
     "env": "env settings ([env] in a config file)", "vec": "vector settings ([vec])",

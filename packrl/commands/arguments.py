@@ -4,6 +4,12 @@ from __future__ import annotations
 import argparse
 import math
 
+SHORTCUTS = {  # flag -> the setting it sets (packrl.cli adds the flags; train reads which were given)
+    "total_steps": "train.total_steps", "seed": "train.seed", "device": "train.device",
+    "num_envs": "vec.num_envs", "backend": "vec.backend", "num_workers": "vec.num_workers",
+    "network": "policy.network", "hidden": "policy.hidden",
+}
+
 
 def positive_int(text: str) -> int:
     return _bounded(text, int, 1, "a positive integer")

@@ -85,7 +85,7 @@ RESUME_CHANGEABLE = {"train.total_steps", "train.device"}
 
 def _given_settings(args: argparse.Namespace) -> set[str]:
     """The settings (``section.key``) given on the command line, by their own flag or a shortcut."""
-    from packrl.cli import SHORTCUTS
+    from packrl.commands.arguments import SHORTCUTS
 
     given = set()
     for dest, value in vars(args).items():
