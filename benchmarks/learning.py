@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from common import machine_line, print_table
 
 TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
@@ -42,13 +41,16 @@ class Result:
     total_steps: int
 
 
-def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int, changes: dict) -> Result:
+def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int, changes: dict,
+               network: str = "preset") -> Result:
     """`packrl train ENV_ID --seed SEED --total-steps BUDGET`, noting when it first meets the threshold;
-    ``changes`` ({section: {key: value}}, from --set) go on top of the preset, as flags would."""
+    ``changes`` ({section: {key: value}}, from --set) go on top of the preset, as flags would. ``network="sb3"``
+    swaps the policy for SB3's MlpPolicy network (separate actor and critic, two tanh layers of 64 each, its
+    orthogonal init: CleanRL's Agent, benchmarks/train.py) to test whether the network explains the step gap."""
     from packrl import config as settings
     from packrl import vector
     from packrl.train.evaluate import evaluate
-    from packrl.train.ppo import EpisodeTracker
+    from packrl.train.ppo import PPO, EpisodeTracker
     from packrl.train.run import build_ppo
 
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
@@ -57,6 +59,10 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     config, _ = settings.resolve(flags=flags)
     start = time.perf_counter()
     ppo = build_ppo(config)
+    if network == "sb3":
+        from train import cleanrl_network_policy
+
+        ppo = PPO(ppo.env, cleanrl_network_policy(ppo.env), ppo.config)
     cfg, vecenv, policy = ppo.config, ppo.env, ppo.policy
     window: deque = deque(maxlen=window_size)
 
@@ -87,18 +93,28 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
                   ppo.global_step)
 
 
-def tictactoe_run(seed: int, threshold: float, budget: int, every: int = 50_000) -> Result:
-    """`packrl train pettingzoo.classic.tictactoe_v3 --seed SEED` (self-play, the pettingzoo-classic preset):
-    every ``every`` agent steps the greedy policy plays 200 games against a uniformly random legal opponent
-    (seats alternating, packrl.train.versus); the threshold is win + draw."""
-    from pettingzoo.classic import tictactoe_v3
+GAMES = {  # name: (env id, threshold, the rate that must reach it, default step budget, steps between checks)
+    "tictactoe": ("pettingzoo.classic.tictactoe_v3", 0.9, "win+draw", 200_000, 50_000),
+    "connect_four": ("pettingzoo.classic.connect_four_v3", 0.9, "win", 500_000, 50_000),
+}
+
+
+def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> Result:
+    """`packrl train pettingzoo.classic.<game> --seed SEED` (self-play, the pettingzoo-classic preset): every
+    ``every`` agent steps the greedy policy plays 200 games against a uniformly random legal opponent (seats
+    alternating, packrl.train.versus); the threshold is on win + draw (tictactoe) or win (connect four)."""
+    import importlib
 
     from packrl import config as settings
     from packrl.train.run import build_ppo
     from packrl.train.versus import versus_random
 
-    env_id = "pettingzoo.classic.tictactoe_v3"
-    config, _ = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}})
+    env_id, threshold, metric, _, every = GAMES[game]
+    creator = importlib.import_module(env_id).env
+    flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
+    for section, values in (changes or {}).items():
+        flags.setdefault(section, {}).update(values)
+    config, _ = settings.resolve(flags=flags)
     start = time.perf_counter()
     ppo = build_ppo(config)
     vecenv, policy = ppo.env, ppo.policy
@@ -107,15 +123,15 @@ def tictactoe_run(seed: int, threshold: float, budget: int, every: int = 50_000)
     due, checking = [every], [0.0]  # seconds spent in the checks, left out of the training time
 
     def callback(stats: dict) -> None:
-        if stats["global_step"] >= due[0]:
+        if stats["global_step"] >= due[0] or stats["global_step"] >= budget:
             due[0] += every
             paused = time.perf_counter()
             trained_for = paused - start - checking[0]
-            rates = versus_random(policy, tictactoe_v3.env, games=200, seed=123, greedy=True)
-            checks.append(rates["win"] + rates["draw"])
+            rates = versus_random(policy, creator, games=200, seed=123, greedy=True)
+            checks.append(rates["win"] + rates["draw"] if metric == "win+draw" else rates["win"])
             checking[0] += time.perf_counter() - paused
-            print(f"    tictactoe seed {seed} at {stats['global_step']}: win {rates['win']:.3f} draw "
-                  f"{rates['draw']:.3f} loss {rates['loss']:.3f}", flush=True)
+            print(f"    {game} seed {seed} at {stats['global_step']} ({trained_for:.0f} s): win {rates['win']:.3f} "
+                  f"draw {rates['draw']:.3f} loss {rates['loss']:.3f}", flush=True)
             if not hit and checks[-1] >= threshold:  # the check's own time is not training time
                 hit.append((stats["global_step"], trained_for))
 
@@ -171,9 +187,13 @@ def summary(values: list) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--tasks", default=",".join(TASKS) + ",sb3-cartpole",
-                        help="also: tictactoe (about 2-3 minutes a seed, so not in the default set)")
+                        help="also: tictactoe, connect_four (minutes a seed, so not in the default set)")
     parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
+    parser.add_argument("--network", choices=("preset", "sb3"), default="preset",
+                        help="packrl CartPole/gridworld tasks: the preset's policy, or SB3's MlpPolicy network (separate "
+                        "tanh 64x64 actor and critic)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the presets of the packrl tasks (a sweep), e.g. train.vf_coef=1.0")
     args = parser.parse_args()
@@ -185,7 +205,7 @@ def main() -> None:
         section, _, name = key.partition(".")
         changes.setdefault(section, {})[name] = parse_value(value)
     torch.set_num_threads(1)
-    seeds = range(2 if args.quick else args.seeds)
+    seeds = range(args.first_seed, args.first_seed + (2 if args.quick else args.seeds))
     scale = 0.5 if args.quick else 1.0
     print(machine_line(("stable_baselines3",)))
     print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
@@ -193,17 +213,20 @@ def main() -> None:
           "the moving mean and a 20-episode greedy eval at the budget\n")
     rows, medians = [], {}
     for task in args.tasks.split(","):
-        if task == "tictactoe":
-            name, threshold, budget = "packrl defaults, tictactoe (win+draw)", 0.9, int(200_000 * scale)
-            results = [tictactoe_run(seed, threshold, budget) for seed in seeds]
+        if task in GAMES:
+            env_id, threshold, metric, budget, _ = GAMES[task]
+            budget = int(budget * scale)
+            name = f"packrl defaults, {task} vs random ({metric})" + "".join(f" {s}" for s in args.set)
+            results = [game_run(task, seed, budget, changes) for seed in seeds]
         elif task == "sb3-cartpole":
             name, threshold, budget = "SB3 zoo, CartPole-v1", 475.0, int(100_000 * scale)
             results = [sb3_run(seed, threshold, budget) for seed in seeds]
         else:
             env_id, threshold, budget, window = TASKS[task]
             budget = int(budget * scale)
-            name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set)
-            results = [packrl_run(env_id, seed, threshold, budget, window, changes) for seed in seeds]
+            name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set) + \
+                (", SB3's network" if args.network == "sb3" else "")
+            results = [packrl_run(env_id, seed, threshold, budget, window, changes, args.network) for seed in seeds]
         for seed, r in zip(seeds, results):
             print(f"  {name} seed {seed}: steps {r.steps}, seconds {r.seconds and round(r.seconds, 2)}, "
                   f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}", flush=True)
