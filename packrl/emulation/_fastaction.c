@@ -48,6 +48,7 @@ typedef struct {
 } ActSpec;
 
 static const char *CAPSULE = "packrl.emulation._fastaction.ActSpec";
+static PyObject *DISCRETE_KEY, *CONTINUOUS_KEY;  /* "discrete" and "continuous", interned: their hashes are cached */
 
 static void spec_free(PyObject *capsule) {
     ActSpec *spec = (ActSpec *)PyCapsule_GetPointer(capsule, CAPSULE);
@@ -380,8 +381,9 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *action = args[1], *dobj = action, *cobj = action;
     if (spec->form == HYBRID) {
         if (!PyDict_CheckExact(action) || PyDict_GET_SIZE(action) != 2) Py_RETURN_NONE;
-        dobj = PyDict_GetItemString(action, "discrete");
-        cobj = PyDict_GetItemString(action, "continuous");
+        dobj = PyDict_GetItemWithError(action, DISCRETE_KEY);
+        cobj = dobj == NULL ? NULL : PyDict_GetItemWithError(action, CONTINUOUS_KEY);
+        if (PyErr_Occurred()) return NULL;
         if (dobj == NULL || cobj == NULL) Py_RETURN_NONE;
     }
     int64_t scratch;
@@ -476,5 +478,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastaction", "Check
 
 PyMODINIT_FUNC PyInit__fastaction(void) {
     import_array();
+    DISCRETE_KEY = PyUnicode_InternFromString("discrete");
+    CONTINUOUS_KEY = PyUnicode_InternFromString("continuous");
+    if (DISCRETE_KEY == NULL || CONTINUOUS_KEY == NULL) return NULL;
     return PyModule_Create(&module);
 }
