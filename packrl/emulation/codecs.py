@@ -294,6 +294,7 @@ class DiscreteCodec(LeafCodec):
         self.dtype = np.dtype(space.dtype)
         self.fields = (Field(None, self.dtype, ()),)
         self.bounds = Bounds(self.start, self.start + self.n - 1, self.dtype, ())
+        self._low, self._high = int(self.bounds.low), int(self.bounds.high)
         self.outside_message = f"is outside Discrete(n={self.n}, start={self.start})"
 
     def spec(self) -> dict:
@@ -305,7 +306,7 @@ class DiscreteCodec(LeafCodec):
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         if not batch and type(value) in (int, np.int64) and not isinstance(value, bool):
-            if not self.start <= value < self.start + self.n:
+            if not self._low <= value <= self._high:  # the bounds as Python ints: the commonest sample, fast
                 raise EmulationError(
                     f"leaf {format_path(path)}: value {value!r} is outside Discrete(n={self.n}, start={self.start}) "
                     f"[{self.start}, {self.start + self.n - 1}]")

@@ -43,6 +43,8 @@ class Packer:
     def __init__(self, root: Node, leaves: tuple, nbytes: int, gaps: tuple, key: str):
         self.root, self.leaves, self.nbytes, self.gaps, self.key = root, leaves, nbytes, gaps, key
         self.leaf_nodes = tuple(iter_leaves(root))
+        self.checks = tuple((path, node.codec, node.leaf_ids) for path, node in self.leaf_nodes)
+        self.one_field = all(len(ids) == 1 for _, _, ids in self.checks)
         self.packs = 0
         self.compiled: Any = None
 
@@ -97,19 +99,18 @@ class Packer:
 
     # ------------------------------------------------------------ the checked Python path
 
-    def checked(self, values: list, batch: tuple) -> list:
-        """(leaf id, exact array) per field, each leaf's value (in leaf order) checked by its codec."""
-        out = []
-        for (path, node), value in zip(self.leaf_nodes, values):
-            out.extend(zip(node.leaf_ids, node.codec.check(value, path, batch)))
-        return out
-
     def write(self, sample: Any, views: list, batch: tuple) -> None:
-        """Check ``sample`` (one, or one batched structure for a batch of rows), then write it.
-        Nothing is written when it is refused."""
-        items = "batched items" if batch else "items"
-        for leaf_id, arr in self.checked(flatten(self.root, sample, items=items), batch):
-            views[leaf_id][...] = arr
+        """Check ``sample`` (one, or one batched structure for a batch of rows): flatten it, each
+        leaf's codec checks its value, then write every field. Nothing is written when it is refused."""
+        values = flatten(self.root, sample, "batched items" if batch else "items")
+        checked = [codec.check(value, path, batch) for (path, codec, _), value in zip(self.checks, values)]
+        if self.one_field:  # leaf i is view i
+            for view, arrays in zip(views, checked):
+                view[...] = arrays[0]
+            return
+        for (_, _, ids), arrays in zip(self.checks, checked):
+            for leaf_id, arr in zip(ids, arrays):
+                views[leaf_id][...] = arr
 
     def write_slow(self, sample: Any, rows: np.ndarray, views: list, batch: tuple) -> None:
         """``write``, the padding zeroed too (as the compiled pack does)."""
@@ -126,7 +127,7 @@ class Packer:
         if isinstance(samples, tuple) and type(self.root) is not TupleNode:
             raise EmulationError("pack_batch takes a list of samples or one batched structure, got a tuple "
                                  f"of {len(samples)} items (a list of samples?)")
-        values = flatten(self.root, samples, items="batched items")
+        values = flatten(self.root, samples, "batched items")
         if not values:
             return 0
         shape = np.shape(values[0])
@@ -201,11 +202,18 @@ class BoundRows:
     def pack(self, sample: Any) -> None:
         """Check and write one sample. Nothing is written when the sample is refused."""
         fast = self._fast
-        if fast is None and self._rows2d is not None:
-            compiled = self.packer.hot(1)
-            fast = self._fast = compiled.pack if compiled is not None else None
         if fast is None or not fast(sample, self._rows2d, 0):
-            self.packer.write_slow(sample, self.rows, self.views, self.batch)
+            self._pack_cold(sample, fast is None)
+
+    def _pack_cold(self, sample: Any, first_try: bool) -> None:
+        """Before the layout is hot (counting the sample), or after the compiled pack refused it."""
+        if first_try and self._rows2d is not None:
+            compiled = self.packer.hot(1)
+            if compiled is not None:
+                self._fast = compiled.pack
+                if compiled.pack(sample, self._rows2d, 0):
+                    return
+        self.packer.write_slow(sample, self.rows, self.views, self.batch)
 
     def pack_checked(self, sample: Any) -> None:
         """The checked Python path alone (padding left as it is)."""

@@ -16,6 +16,7 @@ Paths are tuples of Dict keys and Tuple indices from the root (``()`` is the roo
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,9 +37,13 @@ class DictNode:
     keys: tuple
     children: tuple
     keyset: frozenset = field(init=False, repr=False, compare=False)
+    # a Dict of two or more leaves: flatten reads its values in one C call
+    getter: Callable | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keyset", frozenset(self.keys))
+        flat = len(self.keys) > 1 and all(type(c) is LeafNode for c in self.children)
+        object.__setattr__(self, "getter", operator.itemgetter(*self.keys) if flat else None)
 
 
 @dataclass(frozen=True)
@@ -94,32 +99,36 @@ def iter_leaves(root: Node) -> Iterator[tuple[tuple, LeafNode]]:
     return ((path, node) for path, node in iter_nodes(root) if type(node) is LeafNode)
 
 
-def flatten(root: Node, sample: Any, path: tuple = (), out: list | None = None, items: str = "items") -> list:
+def flatten(root: Node, sample: Any, items: str = "items") -> Sequence:
     """The values of ``sample`` at each leaf of ``root`` (in leaf order), checking that every Dict
     has exactly its keys and every Tuple its length; EmulationError names the path otherwise
     (``items`` names what a Tuple holds in it). The leaf values themselves are not checked (their
     codecs do that)."""
-    if out is None:
-        out = []
-    kind = type(root)
+    if root.__class__ is DictNode and root.getter is not None:  # the commonest space: a Dict of leaves
+        if sample.__class__ is not dict and not isinstance(sample, dict) or sample.keys() != root.keyset:
+            refuse_keys(root, sample, ())
+        return root.getter(sample)
+    out: list = []
+    _flatten(root, sample, (), out, items)
+    return out
+
+
+def _flatten(node: Node, sample: Any, path: tuple, out: list, items: str) -> None:
+    kind = type(node)
     if kind is LeafNode:
         out.append(sample)
     elif kind is DictNode:
-        if not isinstance(sample, dict) or sample.keys() != root.keyset:
-            refuse_keys(root, sample, path)
-        for key, child in zip(root.keys, root.children):
-            if type(child) is LeafNode:  # the common case without a call
-                out.append(sample[key])
-            else:
-                flatten(child, sample[key], path + (key,), out, items)
+        if not isinstance(sample, dict) or sample.keys() != node.keyset:
+            refuse_keys(node, sample, path)
+        for key, child in zip(node.keys, node.children):
+            _flatten(child, sample[key], path + (key,), out, items)
     else:
-        if not isinstance(sample, (tuple, list)) or len(sample) != len(root.children):
+        if not isinstance(sample, (tuple, list)) or len(sample) != len(node.children):
             got = f"{type(sample).__name__} of length {len(sample)}" if isinstance(sample, (tuple, list)) \
                 else repr(type(sample).__name__)
-            raise EmulationError(f"at {format_path(path)}: expected a tuple of {len(root.children)} {items}, got {got}")
-        for i, child in enumerate(root.children):
-            flatten(child, sample[i], path + (i,), out, items)
-    return out
+            raise EmulationError(f"at {format_path(path)}: expected a tuple of {len(node.children)} {items}, got {got}")
+        for i, child in enumerate(node.children):
+            _flatten(child, sample[i], path + (i,), out, items)
 
 
 def refuse_keys(node: DictNode, value: Any, path: tuple) -> None:
