@@ -21,7 +21,7 @@ from gymnasium import spaces
 
 from packrl.emulation.codecs import LeafCodec, codec_for
 from packrl.emulation.packer import BoundRows, Packer, check_writable
-from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, build, flatten, fold, iter_leaves, unflatten
+from packrl.emulation.tree import DictNode, LeafNode, Node, build, flatten, fold, iter_leaves, unflatten
 from packrl.emulation.values import Bounds, format_path
 from packrl.errors import EmulationError
 
@@ -80,11 +80,6 @@ def _place_leaves(root: Node) -> tuple[tuple[Leaf, ...], int]:
         for i, (path, codec, f) in enumerate(parts)
     )
     return leaves, nbytes
-
-
-# TEMPORARY (H-core, issue 18): actions.py still imports these from here; it moves to packrl.emulation.tree
-__all__ = ["BoundRows", "DictNode", "Layout", "Leaf", "LeafNode", "TupleNode"]
-iter_leaf_nodes = iter_leaves
 
 
 class Layout:

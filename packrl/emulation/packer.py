@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from packrl.emulation.codecs import LeafCodec
+from packrl.emulation.compiled import CompiledPack
 from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, flatten, iter_leaves
 from packrl.emulation.values import format_path, python_ints
 from packrl.errors import EmulationError
@@ -58,8 +59,6 @@ class Packer:
         if self.compiled is None:
             self.compiled = False
             if len(self.leaves) <= MAX_COMPILED_LEAVES:
-                from packrl.emulation.compiled import CompiledPack  # imports Numba: only once a layout is hot
-
                 try:
                     self.compiled = CompiledPack(self)
                 except Exception as err:  # noqa: BLE001 - any failure leaves the checked Python path
@@ -247,7 +246,7 @@ def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
     except (ValueError, TypeError, OverflowError):
         arr = None
     if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1 \
-            and not any([a and v.dtype == object for a, v in zip(arrays, column)]):  # pack refuses object arrays
+            and not any(a and v.dtype == object for a, v in zip(arrays, column)):  # pack refuses object arrays
         # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
         exact = python_ints(column, field.dtype, (len(column), *field.shape), path)
         if exact is not None:
