@@ -58,13 +58,19 @@ class Result:
 class Window:
     """The last WINDOW finished episodes' returns, and the first time their mean reached THRESHOLD."""
 
+    log_every = 0  # print the moving mean every this many iterations (--log-every; 0: never)
+
     def __init__(self, start: float):
         self.returns: deque = deque(maxlen=WINDOW)
-        self.start, self.hit = start, None
+        self.start, self.hit, self.iterations = start, None, 0
 
     def add(self, returns, frames: int) -> bool:
         """Record an iteration's finished episodes; True once the threshold is met."""
         self.returns.extend(returns)
+        self.iterations += 1
+        if self.log_every and self.iterations % self.log_every == 0 and self.returns:
+            print(f"      {frames:,} frames, {time.perf_counter() - self.start:.0f} s: moving mean "
+                  f"{np.mean(self.returns):.3f}", flush=True)
         if self.hit is None and len(self.returns) == WINDOW and np.mean(self.returns) >= THRESHOLD:
             self.hit = (frames, time.perf_counter() - self.start)
         return self.hit is not None
@@ -238,6 +244,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--contenders", default="packrl,torch-ac")
     parser.add_argument("--budget", type=int, help="frame budget (default: the task's)")
+    parser.add_argument("--log-every", type=int, default=0, help="print the moving mean every N iterations")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of packrl's preset (a sweep), e.g. policy.network=lstm")
     args = parser.parse_args()
@@ -249,6 +256,7 @@ def main() -> None:
         section, _, name = key.partition(".")
         changes.setdefault(section, {})[name] = parse_value(value)
     torch.set_num_threads(1)
+    Window.log_every = args.log_every
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(machine_line(("minigrid", "torch-ac")))
     print(f"torch threads: 1 in each contender's main process; threshold: the moving mean of the last {WINDOW} "
