@@ -15,6 +15,7 @@ from packrl.errors import EmulationError
 
 AGENT = "agent_0"
 _NONE_ENDED = np.zeros(0, dtype=np.intp)
+_F64 = np.float64  # a float subclass, the reward of Pendulum and many NumPy envs: taken inline as a float is
 
 
 class GymnasiumEmulation(EmulatedRows):
@@ -65,7 +66,7 @@ class GymnasiumEmulation(EmulatedRows):
         obs, reward, terminated, truncated, info = self.env.step(native)
         # the common case inline, in the cheapest tests there are (the bounds are F32_MAX, as literals: no
         # global lookups); anything else is checked, and converted or refused, by step_checks
-        if (type(reward) is not float and type(reward) is not int) \
+        if (type(reward) is not float and type(reward) is not int and type(reward) is not _F64) \
                 or not -3.4028234663852886e+38 <= reward <= 3.4028234663852886e+38:
             reward = checked_reward(reward, self.env, self.finite_rewards, hint=MULTI_AGENT_HINT)
         if terminated is not False and terminated is not True:
@@ -122,7 +123,7 @@ class GymnasiumEmulation(EmulatedRows):
 def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tuple, position: BlockPosition) -> tuple:
     """The rewards and flags of a block step, checked as ``step`` checks them (one pass over the
     common case; an error carries the position of the env that returned the value)."""
-    if all([(type(r) is float or type(r) is int) and -F32_MAX <= r <= F32_MAX for r in rewards]) and \
+    if all([(type(r) is float or type(r) is int or type(r) is _F64) and -F32_MAX <= r <= F32_MAX for r in rewards]) and \
             all([t is False or t is True for t in terminals]) and all([t is False or t is True for t in truncations]):
         return rewards, terminals, truncations
     checked = ([], [], [])
