@@ -8,8 +8,11 @@ use the compiled pack (what a layout uses once hot); "Python path" is the same A
 """
 from __future__ import annotations
 
+import functools
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,7 +22,7 @@ from gymnasium import spaces
 from gymnasium.spaces import utils as gym_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, calls_per_batch, machine_line, per_call_us, print_table  # noqa: E402
 
 from packrl.emulation import Layout, emulate  # noqa: E402
 from packrl.nativize import nativize  # noqa: E402
@@ -197,10 +200,12 @@ def policy_action(env) -> object:
     return {k: np.asarray(v) for k, v in action.items()} if isinstance(action, dict) else np.asarray(action)
 
 
-def action_kind_rows() -> list:
+def action_kind_rows(rounds: int = 9) -> list:
     """What ``emulate(env).step`` adds per step for each action kind (NetHack-like observation), and
-    the same on Pendulum-v1 (a Box action, a Box observation that passes through)."""
-    rows, added = [], {}
+    the same on Pendulum-v1 (a Box action, a Box observation that passes through). Every call is
+    timed in each of ``rounds`` rounds in turn, so load from other jobs falls on all alike; "over
+    Discrete" is the median of the per-round differences (paired by round)."""
+    calls = {}
     for name, space in ACTION_KINDS.items():
         raw, env = ActionKind(space), emulate(ActionKind(space))
         raw.reset()
@@ -208,16 +213,43 @@ def action_kind_rows() -> list:
         env.emulated.observation.compiled_pack()
         space.seed(0)
         native, action = space.sample(), policy_action(env)
-        raw_t, wrapped_t = per_call_us(lambda: raw.step(native)), per_call_us(lambda: env.step(action))
-        added[name] = wrapped_t[0] - raw_t[0]
-        rows.append([name, raw_t[0], wrapped_t[0], wrapped_t[1], added[name], added[name] - added["Discrete(8)"]])
+        calls[name] = (functools.partial(raw.step, native), functools.partial(env.step, action))
     raw, env = gym.make("Pendulum-v1"), emulate(gym.make("Pendulum-v1"))
     raw.reset(seed=0)
     env.reset(seed=0)
-    native, action = np.array([0.5], np.float32), np.array([0.5], np.float32)
-    raw_t, wrapped_t = per_call_us(lambda: raw.step(native)), per_call_us(lambda: env.step(action))
-    rows.append(["Pendulum-v1 (Box(-2, 2, (1,)) action)", raw_t[0], wrapped_t[0], wrapped_t[1], wrapped_t[0] - raw_t[0],
-                 float("nan")])
+    calls["Pendulum-v1 (Box(-2, 2, (1,)) action)"] = (functools.partial(raw.step, np.array([0.5], np.float32)),
+                                                       functools.partial(env.step, np.array([0.5], np.float32)))
+    sizes = {fn: calls_per_batch(fn) for pair in calls.values() for fn in pair}
+    times: dict = {fn: [] for fn in sizes}
+    for _ in range(rounds):
+        for fn, n in sizes.items():
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[fn].append((time.perf_counter() - start) / n * 1e6)
+    added = {name: [w - r for r, w in zip(times[raw_fn], times[env_fn])] for name, (raw_fn, env_fn) in calls.items()}
+    rows = []
+    for name, (raw_fn, env_fn) in calls.items():
+        over = [a - d for a, d in zip(added[name], added["Discrete(8)"])] if name in ACTION_KINDS else [float("nan")]
+        rows.append([name, statistics.median(times[raw_fn]), statistics.median(times[env_fn]),
+                     max(times[env_fn]) - min(times[env_fn]), statistics.median(added[name]), statistics.median(over)])
+    return rows
+
+
+def decode_rows() -> list:
+    """``ActionLayout.decode`` of one policy action per kind: the C decoder (what ``decode`` uses) and
+    the checked Python path (what every action took before it, and what a build without a C
+    compiler takes)."""
+    from packrl.emulation.actions import ActionLayout
+
+    rows = []
+    for name, space in ACTION_KINDS.items():
+        act = ActionLayout(space)
+        space.seed(0)
+        action = act.encode(space.sample())
+        action = np.array([action]) if isinstance(action, (int, np.integer)) else action
+        c_t, py_t = per_call_us(lambda: act.decode(action)), per_call_us(lambda: act.checked_decode(action))
+        rows.append([name, c_t[0], c_t[1], py_t[0], py_t[1], py_t[0] / c_t[0]])
     return rows
 
 
@@ -234,9 +266,11 @@ def nativize_copies() -> int:
 def main() -> None:
     print(machine_line())
     if "--actions" in sys.argv[1:]:  # the action-kind table alone
-        print_table("emulate(env).step per action kind (µs, median of 7); target: each kind adds <= 2 µs over Discrete",
+        print_table("emulate(env).step per action kind (µs, median of 9 interleaved rounds); target: each kind adds <= 2 µs over Discrete",
                     ["action space", "raw env.step", "emulate step", "spread", "added µs", "added - Discrete's"],
                     action_kind_rows())
+        print_table("ActionLayout.decode of one action (µs, median of 7)",
+                    ["action space", "C decoder", "spread", "Python path", "spread", "Python / C"], decode_rows())
         return
     rows = []
     for name, space in [("(a) MiniGrid-like", MINIGRID), ("(b) NetHack-like", NETHACK), ("(c) Atari-like", ATARI)]:
@@ -245,7 +279,7 @@ def main() -> None:
                 ["case", "method", "median µs", "spread µs", "gymnasium / this", "this / structured", "this / copy floor"], rows)
     print_table("emulate wrapper cost per step on (b) NetHack-like (µs, median of 7)",
                 ["", "median µs", "spread µs", "added µs"], wrapper_rows())
-    print_table("emulate(env).step per action kind (µs, median of 7); target: each kind adds <= 2 µs over Discrete",
+    print_table("emulate(env).step per action kind (µs, median of 9 interleaved rounds); target: each kind adds <= 2 µs over Discrete",
                 ["action space", "raw env.step", "emulate step", "spread", "added µs", "added - Discrete's"],
                 action_kind_rows())
     print(f"torch nativize of 64 NetHack-like rows copied {nativize_copies()} bytes")
