@@ -41,19 +41,13 @@ class TextView(NamedTuple):
 
 
 class LeafCodec(ABC):
-    """Base class. Subclasses set ``kind`` (the name in layout JSON) and implement fields, check,
-    view and to_native. What the rest of packrl needs to know about a leaf, it reads from the
-    codec's capabilities below, never from ``kind``:
-
-    - ``bounds``: the one :class:`Bounds` of a single-field leaf (None: no bounds, e.g. strings);
-    - ``check_is_bounds()``: ``check`` refuses exactly the values outside ``bounds`` once the
-      dtype and shape are exact, so a compiled kernel may check them instead;
-    - ``stores_input``: an input already of the field's dtype and shape is stored unchanged;
-    - ``takes_python_ints``: a 0-d leaf whose samples are Python ints (Discrete);
-    - ``categorical``: each element is one of ``high - low + 1`` choices counted from ``low``
-      (encoders embed it, heads sample it); otherwise a numeric leaf, scaled by its bounds;
-    - ``is_string``: fields ``chars`` and ``length``; ``vocab`` distinct character codes.
-    """
+    """Base class. Subclasses set ``kind`` (its name in layout JSON) and implement fields, check
+    (one exact array per field), view and to_native. The rest of packrl reads a leaf's
+    capabilities, never its ``kind``: ``bounds`` (the one :class:`Bounds`; None for strings),
+    ``check_is_bounds()``, ``stores_input`` (an input of the field's dtype and shape is stored
+    as it is), ``takes_python_ints`` (Discrete), ``categorical`` (each element one of
+    ``high - low + 1`` choices from ``low``: embedded; else numeric, scaled by its bounds) and
+    ``is_string`` (fields ``chars`` and ``length``, ``vocab`` character codes)."""
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}

@@ -14,9 +14,8 @@ layout packrl generates a module with two functions that mirror the space's stru
 - ``_kernel_any``, the Numba kernel with nested loops, is compiled the first time a leaf arrives
   strided, read-only or otherwise not taken by the first.
 
-The extraction is emitted once, in ``pack``; ``pack_many(samples, rows, first)`` calls it for each
-sample of a list (a single kernel call over tuples of samples measured no faster: the copies, not
-the calls, dominate). Text is emitted through ``packrl._codegen.Code``, never patched.
+``pack_many(samples, rows, first)`` calls ``pack`` per sample (one kernel call over tuples of
+samples measured no faster: the copies dominate). The text comes from ``packrl._codegen.Code``.
 
 The compiled path only accepts, it never explains: anything unexpected (a list where an array
 was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs

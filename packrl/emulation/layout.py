@@ -128,12 +128,9 @@ class Layout:
             bound = self._bound(out)  # checks a buffer the first time it is seen
         if bound.batch:
             raise EmulationError(f"pack writes one row: expected 1-d rows, got shape {out.shape} (use pack_batch)")
-        fast = bound._fast
-        if fast is None or not fast(sample, bound._rows2d, 0):  # the compiled pack, once the layout is hot
-            if fast is None:
-                bound.pack(sample)
-            else:
-                self.packer.write_slow(sample, out, bound.views, ())
+        fast = bound._fast  # BoundRows.pack inlined: this is the hot call of a user's own row
+        if fast is None or not fast(sample, bound._rows2d, 0):
+            bound._pack_cold(sample, fast is None)
         return out
 
     def compiled_pack(self) -> Any:

@@ -25,14 +25,10 @@ def _any_outside(flat: np.ndarray, low: float, high: float) -> bool:
 
 
 class Bounds:
-    """Inclusive per-element bounds of one leaf, exact in its dtype: packrl's one answer to "is this
-    value inside its space", read by the codecs, the compiled pack, ``packrl check``, the encoders,
-    the vector action writer and the Numba envs (``codec.bounds``).
-
-    ``low`` and ``high`` have the leaf's shape and dtype: integer bounds clipped to the dtype (so
-    int64 and uint64 extremes are exact, no float or object conversion); bool leaves as their bytes
-    (uint8, 0 and 1); float bounds as floats (``inf`` where unbounded). ``outside`` and ``mask``
-    count NaN as outside. ``needed``: some value of the dtype is outside (always, for floats)."""
+    """Inclusive per-element bounds of one leaf (``codec.bounds``): packrl's one answer to "is this
+    value inside its space". ``low`` and ``high`` have the leaf's shape and dtype: integers clipped
+    to the dtype and exact (int64 and uint64 extremes included), bools as their bytes (uint8),
+    floats with ``inf`` where unbounded. NaN is outside; ``needed``: some value of the dtype is."""
 
     def __init__(self, low: Any, high: Any, dtype: np.dtype, shape: tuple):
         self.dtype, self.shape = np.dtype(dtype), tuple(shape)
@@ -70,11 +66,6 @@ class Bounds:
         """Raise EmulationError naming the first element outside, if any."""
         if self.outside(arr):
             refuse_outside(self.mask(arr), arr, path, why)
-
-    def __repr__(self) -> str:
-        low, high = (self.uniform if self.uniform is not None else (self.low.min(), self.high.max())) \
-            if self.low.size else ("", "")
-        return f"Bounds([{low}, {high}], {self.dtype}, shape={self.shape})"
 
 
 def format_path(path: tuple) -> str:
