@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
-
 from common import machine_line, print_table
+from torch import nn
 
 THRESHOLD = 0.9
 WINDOW = 100  # finished training episodes in the moving mean
@@ -232,7 +231,7 @@ def summary(values: list) -> str:
     found = [v for v in values if v is not None]
     if not found:
         return "none"
-    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")  # noqa: E731
+    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")
     text = f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]"
     return text + (f" ({len(found)}/{len(values)})" if len(found) < len(values) else "")
 

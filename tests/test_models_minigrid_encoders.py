@@ -14,7 +14,12 @@ from packrl.emulation import Layout
 from packrl.emulation.codecs import TextView
 from packrl.errors import EmulationError
 from packrl.models import Policy
-from packrl.models.encoders import CellEncoder, WordEncoder, build_leaf_encoder, default_choice
+from packrl.models.encoders import (
+    CellEncoder,
+    WordEncoder,
+    build_leaf_encoder,
+    default_choice,
+)
 
 WORDS = st.sampled_from(["go", "to", "the", "red", "blue", "door", "key", "ball", "open", "then", "pick", "up"])
 GAPS = st.sampled_from([" ", "  ", ", ", " . ", "\t"])

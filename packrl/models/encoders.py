@@ -256,7 +256,7 @@ class CellEncoder(nn.Module):
         if leaf.dtype.kind not in "iub":
             raise EmulationError(f"{where}: 'cells' needs an integer image of codes, got {leaf.dtype}")
         self.channels_last = channels_last
-        h, w, c = leaf.shape if channels_last else (leaf.shape[1], leaf.shape[2], leaf.shape[0])
+        h, w = leaf.shape[:2] if channels_last else leaf.shape[1:]
         low, high = _bounds(leaf)
         axes = (0, 1) if channels_last else (1, 2)
         low, high = low.min(axis=axes), high.max(axis=axes)  # per channel
