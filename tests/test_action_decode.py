@@ -288,3 +288,8 @@ def test_vector_envs_decode_every_row_of_a_hybrid_batch(backend):
             envs.step(batch)
     finally:
         envs.close()
+
+
+def test_a_leaf_a_policy_cannot_emit_is_refused_by_path():
+    with pytest.raises(EmulationError, match=r"action leaf \['say'\]: text action spaces are not supported"):
+        ActionLayout(spaces.Dict({"say": spaces.Text(5), "move": spaces.Discrete(3)}))

@@ -103,7 +103,7 @@ class ActionLayout:
         first_d = sum(p.nvec.size for p in self.discrete_parts)
         first_c = sum(int(np.prod(p.shape)) for p in self.continuous_parts)
         dtype = np.dtype(codec.fields[0].dtype)
-        if codec.kind not in ("discrete", "multidiscrete", "multibinary", "box"):
+        if getattr(codec, "bounds", None) is None or len(codec.fields) != 1:  # strings: a policy cannot emit them
             raise EmulationError(f"action leaf {format_path(path)}: {codec.kind} action spaces are not supported "
                                  "(a policy cannot emit them); use Discrete, MultiDiscrete, MultiBinary or Box leaves")
         low, high = _leaf_bounds(codec)
