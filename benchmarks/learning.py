@@ -95,7 +95,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
 
 GAMES = {  # name: (env id, threshold, the rate that must reach it, default step budget, steps between checks)
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", 0.9, "win+draw", 200_000, 50_000),
-    "connect_four": ("pettingzoo.classic.connect_four_v3", 0.9, "win", 500_000, 50_000),
+    "connect_four": ("pettingzoo.classic.connect_four_v3", 0.9, "win", 350_000, 50_000),
 }
 
 
@@ -188,6 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
+    parser.add_argument("--budget", type=int, default=None, help="agent steps per run for every task (default: the task's)")
     parser.add_argument("--tasks", default=",".join(TASKS) + ",sb3-cartpole",
                         help="also: tictactoe, connect_four (minutes a seed, so not in the default set)")
     parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
@@ -215,15 +216,15 @@ def main() -> None:
     for task in args.tasks.split(","):
         if task in GAMES:
             env_id, threshold, metric, budget, _ = GAMES[task]
-            budget = int(budget * scale)
+            budget = args.budget or int(budget * scale)
             name = f"packrl defaults, {task} vs random ({metric})" + "".join(f" {s}" for s in args.set)
             results = [game_run(task, seed, budget, changes) for seed in seeds]
         elif task == "sb3-cartpole":
-            name, threshold, budget = "SB3 zoo, CartPole-v1", 475.0, int(100_000 * scale)
+            name, threshold, budget = "SB3 zoo, CartPole-v1", 475.0, args.budget or int(100_000 * scale)
             results = [sb3_run(seed, threshold, budget) for seed in seeds]
         else:
             env_id, threshold, budget, window = TASKS[task]
-            budget = int(budget * scale)
+            budget = args.budget or int(budget * scale)
             name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set) + \
                 (", SB3's network" if args.network == "sb3" else "")
             results = [packrl_run(env_id, seed, threshold, budget, window, changes, args.network) for seed in seeds]
