@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line  # noqa: E402
-from vector import ENVS, busy_cpu_s, make_vectorizer, own_cpu_s  # noqa: E402
+from common import machine_line
+from vector import ENVS, busy_cpu_s, make_vectorizer, own_cpu_s
 
 
 def _blocked_share(before: dict, after: dict, who: str) -> tuple[float, int]:

@@ -23,9 +23,8 @@ from typing import Any, Callable
 
 import gymnasium
 import numpy as np
-from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
-
 from common import machine_line
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from vector import busy_cpu_s
 
 import packrl.envs as envs

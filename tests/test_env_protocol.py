@@ -13,8 +13,8 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium import spaces
-from pettingzoo.classic import tictactoe_v3
 from pettingzoo.butterfly import knights_archers_zombies_v11
+from pettingzoo.classic import tictactoe_v3
 
 from packrl import EnvError, UsageError, vector
 from packrl.check import Report, _env_failure

@@ -18,6 +18,18 @@ from packrl.env_protocol import BlockPosition
 from packrl.errors import EmulationError
 
 
+def row_format(emulated: Emulated) -> tuple[bool, spaces.Box, tuple, np.dtype]:
+    """(passes through, single observation space, row shape, row dtype) of an env with these layouts:
+    one group whose observation space is a Box keeps the Box as its rows; anything else is packed
+    into ``emulated.nbytes`` uint8 bytes. The one place that decides it (the emulations and the
+    Numba envs read it)."""
+    first = emulated.groups[0].observation
+    if not emulated.heterogeneous and isinstance(first.space, spaces.Box):
+        leaf = first.leaves[0]
+        return True, first.space, tuple(leaf.shape), np.dtype(leaf.dtype)
+    return False, spaces.Box(0, 255, (emulated.nbytes,), np.uint8), (emulated.nbytes,), np.dtype(np.uint8)
+
+
 class BoxRow:
     """A pass-through row: ``pack(obs)`` checks a value against the Box and writes it into the
     row's typed view (the same call as a bound layout's ``pack``, so callers do not branch)."""
@@ -47,15 +59,8 @@ class EmulatedRows:
         self.emulated = emulated
         self.num_agents = len(emulated.agents)
         self._row_groups = tuple(emulated.groups[g] for g in emulated.row_group)
-        first = emulated.groups[0].observation
-        self.passthrough = not emulated.heterogeneous and isinstance(first.space, spaces.Box)
-        if self.passthrough:
-            leaf = first.leaves[0]
-            self.single_observation_space = first.space
-            observations = np.zeros((self.num_agents, *leaf.shape), dtype=leaf.dtype)
-        else:
-            self.single_observation_space = spaces.Box(0, 255, (emulated.nbytes,), np.uint8)
-            observations = np.zeros((self.num_agents, emulated.nbytes), dtype=np.uint8)
+        self.passthrough, self.single_observation_space, row_shape, row_dtype = row_format(emulated)
+        observations = np.zeros((self.num_agents, *row_shape), dtype=row_dtype)
         self.single_action_space = single_action_space
         n = self.num_agents
         self.set_buffers(observations, np.zeros_like(observations), np.zeros(n, np.float32), np.zeros(n, bool),

@@ -47,8 +47,9 @@ from packrl._codegen import Code, import_generated
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
-from packrl.envs.rng import RNG_WORDS
+from packrl.emulation.rows import row_format
 from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
+from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
 
 PARALLEL_MIN_ENVS = 1024
@@ -450,13 +451,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         self.possible_agents = self.agents = tuple(f"env_{i}" for i in range(n))
         self.emulated = _all_rows(group_agents(("env_0",), {"env_0": env.observation_space}, {"env_0": env.action_space}), n)
         layout, action = self.emulated.observation, self.emulated.action
-        self.passthrough = isinstance(env.observation_space, spaces.Box)
-        if self.passthrough:
-            self.single_observation_space = env.observation_space
-            obs_shape, obs_dtype = tuple(env.observation_space.shape), np.dtype(env.observation_space.dtype)
-        else:
-            self.single_observation_space = spaces.Box(0, 255, (layout.nbytes,), np.uint8)
-            obs_shape, obs_dtype = (layout.nbytes,), np.dtype(np.uint8)
+        self.passthrough, self.single_observation_space, obs_shape, obs_dtype = row_format(self.emulated)
         self.single_action_space = action.policy_space
         self.observation_space = batch_space(self.single_observation_space, n)
         self.action_space = batch_space(self.single_action_space, n)
