@@ -22,7 +22,7 @@ OVERRIDE_CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "cells", "wo
 def checked_config(metadata: dict, file: Path) -> dict:
     """The recorded config's env and policy sections, type- and range-checked (CheckpointError naming the
     field otherwise); defaults filled where training would have filled them."""
-    from packrl.train.run import DEFAULTS
+    from packrl.config import defaults  # not packrl.train.run's copy: run imports this module
 
     def bad(field: str, why: str) -> CheckpointError:
         return CheckpointError(f"{file}: field 'config.{field}' {why}")
@@ -33,7 +33,8 @@ def checked_config(metadata: dict, file: Path) -> dict:
             raise bad(section, "is missing or not an object")
     if "id" not in config["env"]:
         raise bad("env.id", "is missing")
-    env, policy = dict(DEFAULTS["env"], **config["env"]), dict(DEFAULTS["policy"], **config["policy"])
+    base = defaults()
+    env, policy = dict(base["env"], **config["env"]), dict(base["policy"], **config["policy"])
     if not isinstance(env["id"], str) or not env["id"]:
         raise bad("env.id", f"is {env['id']!r}, not an env id")
     if metadata.get("env_id") not in (None, env["id"]):

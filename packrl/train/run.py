@@ -262,10 +262,3 @@ def _points(history: list[dict], key: str) -> np.ndarray:
     pts = [(h["global_step"], h[key]) for h in history
            if isinstance(h.get(key), (int, float)) and math.isfinite(h[key]) and "global_step" in h]
     return np.array(pts, dtype=np.float64).reshape(-1, 2)
-
-
-def write_history(history: list[dict], path: str | Path) -> None:
-    """One JSON line per iteration; a NaN or infinity is kept as the string "nan", "inf" or "-inf"."""
-    from packrl.train.session import history_line
-
-    Path(path).write_text("".join(history_line(h) + "\n" for h in history))
