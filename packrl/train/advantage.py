@@ -99,11 +99,17 @@ def _advantages_kernel(values, rewards, terminals, truncations, final_values, ne
             boot[n], chain[n], carried[n], last[n] = values[t, n], 1.0, 0.0, a
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit("boolean(float32[:, ::1], float32[:, ::1], boolean[:, ::1], boolean[:, ::1], float32[:, ::1], "
+            "float32[::1], float32, float32, float32[:, ::1])", cache=True, nogil=True)
 def _gae_kernel(values, rewards, terminals, truncations, final_values, next_value, gamma, gae_lambda, out):
     """The recursion when every row acts and there are no ratios (single-agent envs, plain GAE): no chain
-    or carried rewards to keep, and nothing read but the rollout itself."""
+    or carried rewards to keep, and nothing read but the rollout itself. Typed for float32/bool C arrays
+    only (anything else is refused by the dispatcher, and converted by the caller); False when shapes differ."""
     T, N = values.shape
+    shape = values.shape
+    if rewards.shape != shape or terminals.shape != shape or truncations.shape != shape \
+            or final_values.shape != shape or out.shape != shape or next_value.shape[0] != N:
+        return False
     boot = next_value.copy()
     last = np.zeros(N, np.float32)
     for t in range(T - 1, -1, -1):
@@ -117,6 +123,7 @@ def _gae_kernel(values, rewards, terminals, truncations, final_values, next_valu
             last[n] = delta + gamma * gae_lambda * last[n]
             out[t, n] = last[n]
             boot[n] = values[t, n]
+    return True
 
 
 _NO_MASKS = np.ones((1, 1), np.bool_)  # stand-ins the kernel never reads (use_masks / use_ratios false):
@@ -135,8 +142,18 @@ def advantages_numba(values: np.ndarray, rewards: np.ndarray, terminals: np.ndar
                      gamma: float = 0.99, gae_lambda: float = 0.95, ratios: np.ndarray | None = None,
                      rho_clip: float = 1.0, c_clip: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
     """The Numba CPU kernel on numpy arrays (float32 math, no copies when inputs are float32/bool)."""
-    T, N = _check_shapes(values, rewards, terminals, truncations, final_values, next_value, masks, ratios)
     f32, b = np.float32, np.bool_
+    if masks is None and ratios is None and out is None and type(values) is np.ndarray and values.ndim == 2:
+        # The plain case with nothing checked in Python: the typed kernel takes float32/bool C arrays
+        # (else TypeError, and the general path below converts them) and checks the shapes itself.
+        out = np.empty(values.shape, f32)
+        try:
+            if _gae_kernel(values, rewards, terminals, truncations, final_values, next_value, f32(gamma),
+                           f32(gae_lambda), out):
+                return out
+        except TypeError:
+            pass
+    T, N = _check_shapes(values, rewards, terminals, truncations, final_values, next_value, masks, ratios)
     if out is None:
         out = np.empty((T, N), f32)
     rollout = (_as(values, f32), _as(rewards, f32), _as(terminals, b), _as(truncations, b), _as(final_values, f32),
@@ -245,7 +262,10 @@ def _host(a: Any) -> Any:
     """A CPU tensor's numpy view (no copy); anything else as it is."""
     if not isinstance(a, torch.Tensor):
         return a
-    return a.numpy() if a.device.type == "cpu" and not a.requires_grad else a.detach().cpu().numpy()
+    try:
+        return a.numpy()
+    except RuntimeError:  # a tensor that requires grad
+        return a.detach().cpu().numpy()
 
 
 def _check_shapes(values: Any, rewards: Any, terminals: Any, truncations: Any, final_values: Any,
