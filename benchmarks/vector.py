@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-
 from typing import Any
 
 import gymnasium
@@ -31,7 +30,6 @@ from gymnasium import spaces
 from packrl import vector
 from packrl.emulation.actions import ActionLayout
 from packrl.vector.testing import StructuredEnv
-
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
@@ -123,7 +121,7 @@ def action_batch(name: str, creator, n: int) -> Any:
 
 
 def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) -> list[float]:
-    v, step, close = make_vectorizer(name, creator, n)
+    _, step, close = make_vectorizer(name, creator, n)
     actions = action_batch(name, creator, n)
     for _ in range(20):  # warm up (first-call compiles, page faults)
         step(actions)

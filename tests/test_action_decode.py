@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from packrl import EmulationError, vector
-from packrl.emulation import emulate
-from packrl.emulation import _fastaction  # a failed build must fail here, not be skipped
+from packrl.emulation import (
+    _fastaction,  # a failed build must fail here, not be skipped
+    emulate,
+)
 from packrl.emulation.actions import ActionLayout, fast_decode
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]

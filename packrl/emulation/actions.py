@@ -27,7 +27,6 @@ except ImportError:  # built without a C compiler: every action takes the checke
 
 def _not_taken(spec: Any, action: Any) -> None:
     """What ``fast_decode`` is without the C extension: nothing is taken, the checked path decodes."""
-    return None
 
 
 fast_decode = _fastaction.decode if _fastaction is not None else _not_taken

@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.actions import ActionLayout, ContinuousPart, outside_choices, outside_values
+from packrl.emulation.actions import (
+    ActionLayout,
+    ContinuousPart,
+    outside_choices,
+    outside_values,
+)
 from packrl.errors import EmulationError
 
 
