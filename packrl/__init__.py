@@ -1,5 +1,14 @@
 """packrl: reinforcement learning on structured spaces, packed losslessly into uint8 rows."""
-from packrl.errors import ConfigError, EmulationError, EnvError, NativizeError, PackrlError, UsageError
+from packrl.errors import (
+    ConfigError,
+    EmulationError,
+    EnvError,
+    NativizeError,
+    ObservationError,
+    PackrlError,
+    UsageError,
+)
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "EmulationError", "EnvError", "NativizeError", "PackrlError", "UsageError", "__version__"]
+__all__ = ["ConfigError", "EmulationError", "EnvError", "NativizeError", "ObservationError", "PackrlError",
+           "UsageError", "__version__"]

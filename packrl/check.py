@@ -17,7 +17,6 @@ because an earlier one failed says which). The checks:
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,18 +162,12 @@ def _env_failure(report: Report, err: Exception, when: str) -> str:
     last = _last_line(text)
     index = getattr(err, "env_index", None)  # EnvError's field: the env that failed
     where = f"{when}, env {index}" if index is not None else when
-    if _is_observation_packing(text):
+    if getattr(err, "env_exception", None) == "packrl.errors.ObservationError":  # EnvError's field
         report.add("observation leaves inside their spaces", "fail",
                    f"{where}: the emulator refused the env's observation: {last}")
         return f"not run: the env's observation at {when} is outside its space"
     report.add("sampled actions accepted by the env", "fail", f"{where}: {type(err).__name__}: {last}")
     return f"not run: the env failed at {when}"
-
-
-def _is_observation_packing(text: str) -> bool:
-    """Whether a traceback (as the vector backends format it) ends in packing an observation."""
-    return bool(re.search(r'emulation/layout\.py", line \d+, in (pack|_pack|_write|_check)', text)) or \
-        bool(re.search(r"emulation/(\w+_env\.py\", line \d+, in _write|rows\.py\", line \d+, in pack(_block)?)\b", text))
 
 
 def _last_line(text: str) -> str:

@@ -9,6 +9,11 @@ class EmulationError(PackrlError, ValueError):
     """A space cannot be packed, or a sample or action does not fit its space."""
 
 
+class ObservationError(EmulationError):
+    """An env returned an observation that does not fit its observation space (raised where an emulated env
+    packs it; in a vector env it arrives inside an EnvError whose ``env_exception`` names this class)."""
+
+
 class NativizeError(PackrlError, TypeError):
     """Rows handed to nativize are not uint8 rows of the layout's width."""
 
@@ -16,16 +21,18 @@ class NativizeError(PackrlError, TypeError):
 class EnvError(PackrlError, RuntimeError):
     """An environment failed inside a vector backend. The message has the worker, the env index and the
     env's own traceback; the fields give them to code: ``env_index`` (the env that failed, None when the
-    error is not one env's), ``worker`` (the worker process or actor, None in the main process) and
-    ``env_traceback`` (the failing env's formatted traceback, None if there is none)."""
+    error is not one env's), ``worker`` (the worker process or actor, None in the main process),
+    ``env_traceback`` (the failing env's formatted traceback) and ``env_exception`` (the qualified class
+    name of what it raised, e.g. ``packrl.errors.ObservationError``), None where there is none."""
 
     def __init__(self, message: str, *, env_index: int | None = None, worker: int | None = None,
-                 env_traceback: str | None = None):
+                 env_traceback: str | None = None, env_exception: str | None = None):
         super().__init__(message)
         self.env_index, self.worker, self.env_traceback = env_index, worker, env_traceback
+        self.env_exception = env_exception
 
     def __reduce__(self) -> tuple:  # the fields survive pickling (Ray, multiprocessing)
-        return (_env_error, (str(self), self.env_index, self.worker, self.env_traceback))
+        return (_env_error, (str(self), self.env_index, self.worker, self.env_traceback, self.env_exception))
 
 
 class UsageError(PackrlError, ValueError, TypeError):
@@ -40,5 +47,7 @@ class ConfigError(UsageError):
     not fit (the message names the key, the value, what is expected and the file)."""
 
 
-def _env_error(message: str, env_index: int | None, worker: int | None, env_traceback: str | None) -> EnvError:
-    return EnvError(message, env_index=env_index, worker=worker, env_traceback=env_traceback)
+def _env_error(message: str, env_index: int | None, worker: int | None, env_traceback: str | None,
+               env_exception: str | None = None) -> EnvError:
+    return EnvError(message, env_index=env_index, worker=worker, env_traceback=env_traceback,
+                    env_exception=env_exception)

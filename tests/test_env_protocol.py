@@ -13,16 +13,19 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium import spaces
+from numba import njit
 from pettingzoo.butterfly import knights_archers_zombies_v11
 from pettingzoo.classic import tictactoe_v3
 
-from packrl import EnvError, UsageError, vector
+from packrl import EmulationError, EnvError, ObservationError, UsageError, vector
 from packrl.check import Report, _env_failure
 from packrl.emulation import emulate
 from packrl.emulation.gymnasium_env import GymnasiumEmulation
 from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
 from packrl.emulation.rows import BoxRow, EmulatedRows
 from packrl.env_protocol import ROW_BUFFERS, BlockStepper, RowEnv, block_stepper
+from packrl.envs.numba_env import NumbaEnv
+from packrl.vector.numba_backend import make_numba
 from packrl.vector.testing import ScriptedEnv, SeededFailure
 
 
@@ -96,6 +99,74 @@ def test_check_reads_the_env_index_from_the_field():
     report = Report()
     _env_failure(report, EnvError("env 7 raised: text that used to be parsed"), "reset")
     assert report.rows[-1][2].startswith("reset: EnvError")  # no field, no guessed index
+
+
+class _BadObservation(ScriptedEnv):
+    """Env 2 (seeded 2) returns an observation outside its space on its second step."""
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.bad = seed == 2
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if getattr(self, "bad", False) and self.t == 2:
+            obs = dict(obs, t=99)  # Discrete(16)
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("backend,kwargs", [("serial", {}), ("multiprocessing", {"num_workers": 1, "main_envs": 0})])
+def test_a_refused_observation_travels_as_observation_error(backend, kwargs):
+    venv = vector.make(_BadObservation, 4, backend=backend, **kwargs)
+    try:
+        venv.reset(seed=0)
+        with pytest.raises(EnvError) as caught:
+            for _ in range(3):
+                venv.step(np.zeros(4, np.int64))
+        assert caught.value.env_index == 2 and caught.value.env_exception == "packrl.errors.ObservationError"
+        assert "['t']" in caught.value.env_traceback
+    finally:
+        venv.close()
+    single = emulate(_BadObservation())
+    single.reset(seed=2)
+    single.step(0)
+    with pytest.raises(ObservationError, match=r"\['t'\]"):  # an EmulationError, as before
+        single.step(0)
+    assert issubclass(ObservationError, EmulationError)
+
+
+def test_an_env_failure_names_what_it_raised():
+    venv = vector.make(SeededFailure, 4, backend="serial")
+    try:
+        venv.reset(seed=0)
+        with pytest.raises(EnvError) as caught:
+            for _ in range(5):
+                venv.step(np.zeros(4, np.int64))
+        assert caught.value.env_exception == "builtins.RuntimeError"
+    finally:
+        venv.close()
+
+
+@njit
+def _nan_reset(state, obs, rng):
+    obs[0] = 0.0
+
+
+@njit
+def _nan_step(state, action, obs, rng):
+    obs[0] = np.nan if action == 1 else 0.5
+    return 0.0, False, False
+
+
+def test_a_numba_copy_writing_outside_its_space_names_its_index_in_the_field():
+    spec = NumbaEnv("nan_writer", spaces.Box(-1, 1, (1,), np.float32), spaces.Discrete(2), {"unused": (1, np.int64)},
+                    _nan_reset, _nan_step)
+    env = make_numba(spec, 5)
+    env.reset()
+    with pytest.raises(EnvError, match="env index 3") as caught:
+        env.step(np.array([0, 0, 0, 1, 0]))
+    assert caught.value.env_index == 3
 
 
 class _Wide(gymnasium.Env):

@@ -11,7 +11,7 @@ from packrl.emulation.emulated import group_agents
 from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, MULTI_AGENT_HINT, checked_flag, checked_reward
 from packrl.env_protocol import BlockPosition
-from packrl.errors import EmulationError
+from packrl.errors import EmulationError, ObservationError
 
 AGENT = "agent_0"
 _NONE_ENDED = np.zeros(0, dtype=np.intp)
@@ -53,7 +53,10 @@ class GymnasiumEmulation(EmulatedRows):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._packer.pack(obs)
+        try:
+            self._packer.pack(obs)
+        except EmulationError as err:
+            raise ObservationError(str(err)) from err
         self.rewards[0] = 0.0
         self.terminals[0] = self.truncations[0] = False
         return self.observations, info
@@ -73,7 +76,10 @@ class GymnasiumEmulation(EmulatedRows):
             terminated = checked_flag(terminated, "terminated", self.env, hint=MULTI_AGENT_HINT)
         if truncated is not False and truncated is not True:
             truncated = checked_flag(truncated, "truncated", self.env, hint=MULTI_AGENT_HINT)
-        self._packer.pack(obs)  # the packer's own attribute: it becomes the compiled pack once the layout is hot
+        try:  # the packer's own attribute: it becomes the compiled pack once the layout is hot
+            self._packer.pack(obs)
+        except EmulationError as err:
+            raise ObservationError(str(err)) from err
         self.rewards[0] = reward
         self.terminals[0] = terminated
         self.truncations[0] = truncated

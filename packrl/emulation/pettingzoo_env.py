@@ -38,7 +38,7 @@ from gymnasium import spaces
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.rows import EmulatedRows
 from packrl.emulation.step_checks import F32_MAX, checked_flag, checked_reward
-from packrl.errors import EmulationError
+from packrl.errors import EmulationError, ObservationError
 
 
 class _AgentRows(EmulatedRows):
@@ -79,7 +79,7 @@ class _AgentRows(EmulatedRows):
         try:
             writers[row].pack(obs)
         except EmulationError as err:
-            raise EmulationError(f"agent {self.possible_agents[row]!r}: observation does not fit its space: {err}") from None
+            raise ObservationError(f"agent {self.possible_agents[row]!r}: observation does not fit its space: {err}") from None
 
     def _clear(self) -> None:
         self.observations[...] = 0

@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated
 from packrl.env_protocol import BlockPosition
-from packrl.errors import EmulationError
+from packrl.errors import EmulationError, ObservationError
 
 
 def row_format(emulated: Emulated) -> tuple[bool, spaces.Box, tuple, np.dtype]:
@@ -90,15 +90,18 @@ class EmulatedRows:
         """Check and write one observation per env of a block (envs of this one's layout, one row
         each) into ``out``, leaf by leaf across the block (``Layout.pack_rows``) or, passed through,
         as one checked array. On a refusal ``position.index`` names the env that returned it."""
-        if self.passthrough:
-            out[:] = _stacked(self.emulated.observation.root.codec, observations, position)
-            return
         layout = self.emulated.observation
-        try:  # straight into the rows: if an observation is refused, the env fails and its rows are void
-            layout.pack_rows(list(observations), out)
-        except EmulationError:
-            position.index = _first_refused(layout, observations)
-            raise
+        try:
+            if self.passthrough:
+                out[:] = _stacked(layout.root.codec, observations, position)
+                return
+            try:  # straight into the rows: if an observation is refused, the env fails and its rows are void
+                layout.pack_rows(list(observations), out)
+            except EmulationError:
+                position.index = _first_refused(layout, observations)
+                raise
+        except EmulationError as err:
+            raise ObservationError(str(err)) from err
 
     def render(self) -> Any:
         return self.env.render()

@@ -689,7 +689,8 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
                 what += " (the integer a NaN becomes when written into an integer array)"
         others = f"; {len(rows) - 1} other copies failed too" if len(rows) > 1 else ""
         raise EnvError(f"numba env {self.name!r}, env index {i}: its {where} kernel wrote {what} into observation leaf "
-                       f"{check.leaf.name!r} ({check.leaf.space}){others}. Other copies' rows are intact.")
+                       f"{check.leaf.name!r} ({check.leaf.space}){others}. Other copies' rows are intact.",
+                       env_index=i)
 
     # ------------------------------------------------------------ misc
 

@@ -39,7 +39,7 @@ import numpy as np
 from packrl.errors import UsageError
 from packrl.vector.attrs import Request, run_block, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
-from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors
+from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors, raised_name
 from packrl.vector.serial import _check_batch
 from packrl.vector.shared import BufferPlan, Segment, attach_segment
 
@@ -64,7 +64,7 @@ class Status(IntEnum):
     BUSY = 0
     DONE = 1
     DONE_INFO = 2  # done, and the infos follow on the worker's pipe
-    FAILED = 3  # an env raised; (env index, traceback) follows on the pipe
+    FAILED = 3  # an env raised; its EnvFailure (env index, traceback, exception) follows on the pipe
 
 
 # Plain ints of the same names for the per-step paths (an enum member lookup costs about 1 us).
@@ -329,7 +329,7 @@ class Multiprocessing(WorkerBackend):
         except Exception:
             failure = self._runner.failure()
             self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}",
-                       env_index=failure.env_index, env_traceback=failure.text)
+                       **failure.fields)
         except KeyboardInterrupt:  # as in serial: the interrupted env is mid-step, so every later call refuses
             index = self._runner.failure().env_index
             self._broken = f"main process (pid {os.getpid()}), env {index} was interrupted (KeyboardInterrupt)"
@@ -368,9 +368,9 @@ class Multiprocessing(WorkerBackend):
                 continue
             self._in_flight.discard(w)
             if state == FAILED:
-                env_index, text = self._read(w)
-                self._fail(f"worker {w} (pid {self._procs[w].pid}), env {env_index} raised:\n{text}",
-                           env_index=env_index, worker=w, env_traceback=text)
+                failure: EnvFailure = self._read(w)
+                self._fail(f"worker {w} (pid {self._procs[w].pid}), env {failure.env_index} raised:\n"
+                           f"{failure.text}", worker=w, **failure.fields)
             self._infos[w] = self._read(w) if state == DONE_INFO else []
             self._ready.append(w)
             found += 1
@@ -541,7 +541,8 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
         except Exception:
             import traceback
 
-            _reply(status, w, done, conn, Status.FAILED, (args.first_env + len(envs), traceback.format_exc()))
+            _reply(status, w, done, conn, Status.FAILED,
+                   EnvFailure(args.first_env + len(envs), traceback.format_exc(), raised_name()))
             return
         _reply(status, w, done, conn, Status.DONE, None)
         spinner = Spinner(args.spin_s, arrays["waits"][w])
@@ -560,8 +561,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 else:
                     infos = runner.reset(int(control[w, 2]) if control[w, 1] else None)
             except Exception:
-                failure = runner.failure()
-                _reply(status, w, done, conn, FAILED, (failure.env_index, failure.text))
+                _reply(status, w, done, conn, FAILED, runner.failure())
                 continue
             try:
                 payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
@@ -573,16 +573,17 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
         close_envs(envs, args.first_env)
 
 
-def _unpicklable(infos: list) -> tuple[int, str]:
-    """(env index, text) of the first env whose info cannot travel to the main process."""
+def _unpicklable(infos: list) -> EnvFailure:
+    """The failure of the first env whose info cannot travel to the main process."""
     import traceback
 
     for index, info in infos:
         try:
             pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:
-            return index, f"its info cannot be sent to the main process (it must pickle):\n{traceback.format_exc()}"
-    return infos[0][0], traceback.format_exc()
+            return EnvFailure(index, "its info cannot be sent to the main process (it must pickle):\n"
+                              f"{traceback.format_exc()}", raised_name())
+    return EnvFailure(infos[0][0], traceback.format_exc(), raised_name())
 
 
 def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: int, payload: Any) -> None:

@@ -23,7 +23,7 @@ from ray.exceptions import RayError
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
-from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors
+from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors, raised_name
 from packrl.vector.serial import _check_batch
 
 START_TIMEOUT_S = 300.0  # actors wait for free cluster resources, then build their envs
@@ -42,10 +42,17 @@ class Started:
 
 @dataclass(frozen=True)
 class Failure:
-    """An env raised in a worker: its global index and the formatted original traceback."""
+    """An env raised in a worker: its global index, the formatted original traceback and the qualified
+    class name of what it raised."""
 
     env_index: int
     text: str
+    exception: str = ""
+
+    @property
+    def fields(self) -> dict:
+        """The ``EnvError`` keyword fields of this failure."""
+        return {"env_index": self.env_index, "env_traceback": self.text, "env_exception": self.exception or None}
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,9 @@ class RayWorker:
             # Rows are local (runner first=0); global env indices are first + local index.
             self.runner = EnvRunner(self.envs, 0, self.arrays, spec)
         except Exception:
-            text = traceback.format_exc()
+            text, exception = traceback.format_exc(), raised_name()
             self.close()
-            return Failure(self.first + k, text)
+            return Failure(self.first + k, text, exception)
         self.copies = EnvRunner._copies(self.envs[0])
         self.actions = [name for name in self.arrays if name.startswith("actions")]
         final = self.arrays["final_observations"]
@@ -133,7 +140,7 @@ class RayWorker:
 
     def _failure(self) -> Failure:
         failure = self.runner.failure()
-        return Failure(self.first + failure.env_index, failure.text)
+        return Failure(self.first + failure.env_index, failure.text, failure.exception)
 
 
 class RayVectorEnv(WorkerBackend):
@@ -261,7 +268,7 @@ class RayVectorEnv(WorkerBackend):
                 raise EnvError(f"ray worker {w} (envs {self._span(w)}) could not start: {err}") from None
             if isinstance(result, Failure):
                 raise EnvError(f"ray worker {w}, env {result.env_index} failed while starting:\n{result.text}",
-                               env_index=result.env_index, worker=w, env_traceback=result.text)
+                               worker=w, **result.fields)
             started.append(result)
         first = started[0].spec
         for w, s in enumerate(started[1:], 1):
@@ -278,8 +285,7 @@ class RayVectorEnv(WorkerBackend):
             self._fail(f"ray worker {w} (envs {self._span(w)}) died: {type(err).__name__}: {err}")
         if isinstance(reply, Failure):
             self._fail(f"ray worker {w} (pid {self.worker_pids[w]} on {self.worker_nodes[w]}), "
-                       f"env {reply.env_index} raised:\n{reply.text}", env_index=reply.env_index, worker=w,
-                       env_traceback=reply.text)
+                       f"env {reply.env_index} raised:\n{reply.text}", worker=w, **reply.fields)
         return reply
 
     def _store(self, w: int, reply: Reply) -> None:

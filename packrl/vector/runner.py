@@ -6,6 +6,7 @@ ends, keeping that step's rewards and flags: episode ends are never hidden.
 """
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -58,11 +59,23 @@ def build_env(env_creator: Callable[[], Any]) -> Any:
 
 
 class EnvFailure(Exception):
-    """An env raised: carries its global index and the formatted original traceback."""
+    """An env raised: carries its global index, the formatted original traceback and the qualified class
+    name of what it raised (``EnvError``'s fields, sent as they are from a worker or an actor)."""
 
-    def __init__(self, env_index: int, text: str):
-        super().__init__(env_index, text)
-        self.env_index, self.text = env_index, text
+    def __init__(self, env_index: int, text: str, exception: str = ""):
+        super().__init__(env_index, text, exception)
+        self.env_index, self.text, self.exception = env_index, text, exception
+
+    @property
+    def fields(self) -> dict:
+        """The ``EnvError`` keyword fields of this failure."""
+        return {"env_index": self.env_index, "env_traceback": self.text, "env_exception": self.exception or None}
+
+
+def raised_name() -> str:
+    """Call inside ``except``: the qualified class name of the exception being handled."""
+    kind = sys.exc_info()[0]
+    return "" if kind is None else f"{kind.__module__}.{kind.__qualname__}"
 
 
 class EnvRunner:
@@ -125,7 +138,7 @@ class EnvRunner:
 
     def failure(self) -> EnvFailure:
         """Call inside ``except``: the failing env's global index and the traceback."""
-        return EnvFailure(self.first + self.current, traceback.format_exc())
+        return EnvFailure(self.first + self.current, traceback.format_exc(), raised_name())
 
     @staticmethod
     def _copies(env: Any) -> int:

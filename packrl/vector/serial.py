@@ -94,7 +94,7 @@ class Serial(VectorEnv):
             failure: EnvFailure = self._runner.failure()
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
             self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
-            self._broken_fields = {"env_index": failure.env_index, "env_traceback": failure.text}
+            self._broken_fields = failure.fields
             raise EnvError(self._broken, **self._broken_fields) from None
         except KeyboardInterrupt:  # Ctrl-C stays Ctrl-C, but the env it stopped is mid-step: refuse from now on
             index = self._runner.failure().env_index
