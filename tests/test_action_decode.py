@@ -295,3 +295,53 @@ def test_vector_envs_decode_every_row_of_a_hybrid_batch(backend):
 def test_a_leaf_a_policy_cannot_emit_is_refused_by_path():
     with pytest.raises(EmulationError, match=r"action leaf \['say'\]: text action spaces are not supported"):
         ActionLayout(spaces.Dict({"say": spaces.Text(5), "move": spaces.Discrete(3)}))
+
+
+WITHOUT_C = r"""
+import sys
+sys.modules["packrl.emulation._fastaction"] = None  # as if built without a C compiler: the import fails
+import numpy as np
+from gymnasium import spaces
+from packrl import EmulationError, vector
+from packrl.emulation.actions import ActionLayout, fast_decode
+act = ActionLayout(spaces.Dict({"d": spaces.Discrete(5, start=2), "b": spaces.Box(-1, 1, (2,), np.float32)}))
+assert act.spec is None
+action = {"discrete": np.array([4]), "continuous": np.array([0.5, -1.0], np.float32)}
+assert fast_decode(act.spec, action) is None
+native = act.decode(action)
+assert native["d"] == 6 and native["b"].dtype == np.float32 and native["b"].tolist() == [0.5, -1.0], native
+batch = {"discrete": np.array([[4], [0]]), "continuous": np.array([[0.5, -1.0], [0.0, np.nan]], np.float32)}
+assert act.check_batch(batch["discrete"], batch["continuous"]) == 1
+try:
+    act.decode_batch(batch, " (env {})")
+    raise SystemExit("a NaN action was decoded")
+except EmulationError as err:
+    assert "(env 1)" in str(err) and "not a number" in str(err), err
+import gymnasium
+class Recorder(gymnasium.Env):
+    observation_space = spaces.Box(0, 1, (2,), np.float32)
+    action_space = act.space
+    def reset(self, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+    def step(self, action):
+        self.last = action
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+envs = vector.make(Recorder, 2)
+envs.reset(seed=0)
+envs.step(batch | {"continuous": np.zeros((2, 2), np.float32)})
+assert [int(e.env.last["d"]) for e in envs.envs] == [6, 2]
+try:
+    envs.step(batch)
+    raise SystemExit("a NaN action reached an env")
+except EmulationError as err:
+    assert "row 1 (env 1, agent 0)" in str(err), err
+print("ok")
+"""
+
+
+def test_without_the_c_extension_actions_decode_and_are_refused_on_the_python_path():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WITHOUT_C], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
