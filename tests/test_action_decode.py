@@ -223,6 +223,16 @@ def test_a_float16_box_decodes_on_the_python_path():
         act.decode(np.array([0.5, 2.0], np.float16))
 
 
+@pytest.mark.parametrize("space", [spaces.Box(0, 1, (0,), np.float32),
+                                   spaces.Dict({"a": spaces.Box(0, 1, (0,), np.float32), "d": spaces.Discrete(3)})])
+def test_an_empty_part_decodes_on_the_python_path(space):
+    act = ActionLayout(space)
+    assert act.spec is None
+    space.seed(0)
+    native = space.sample()
+    assert act.layout.pack(act.decode(act.encode(native))).tobytes() == act.layout.pack(native).tobytes()
+
+
 def test_a_malformed_spec_is_refused():
     with pytest.raises(ValueError, match="form"):
         _fastaction.action_spec(0, 0, 1, b"", b"", b"\0" * 8, b"\0" * 8, (), 0)
@@ -345,3 +355,16 @@ def test_without_the_c_extension_actions_decode_and_are_refused_on_the_python_pa
 
     out = subprocess.run([sys.executable, "-c", WITHOUT_C], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_vector_env_steps_an_action_space_with_an_empty_box():
+    space = spaces.Dict({"a": spaces.Box(0, 1, (0,), np.float32), "d": spaces.Discrete(3)})
+    envs = vector.make(lambda: Recorder(space), 2)
+    try:
+        envs.reset(seed=0)
+        envs.step({"discrete": np.array([[2], [0]]), "continuous": np.zeros((2, 0), np.float32)})
+        assert [int(e.env.received[-1]["d"]) for e in envs.envs] == [2, 0]
+        with pytest.raises(EmulationError, match=r"row 1 \(env 1, agent 0\)"):
+            envs.step({"discrete": np.array([[2], [3]]), "continuous": np.zeros((2, 0), np.float32)})
+    finally:
+        envs.close()

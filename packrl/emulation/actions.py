@@ -148,6 +148,8 @@ class ActionLayout:
         if _fastaction is None or any(p.dtype.itemsize not in (4, 8) for p in self.continuous_parts):
             return None
         form = 2 if self.kind == "hybrid" else 1 if self.kind == "continuous" else 0
+        if (form != 1 and not self.num_discrete) or (form != 0 and not self.num_continuous):
+            return None  # a part made only of empty leaves (a Box of shape (0,)): the Python path decodes it
         start = [int(s) % 2**64 for p in self.discrete_parts for s in np.asarray(p.start).reshape(-1)]
         parts = {p.path: (True, p.shape == (), p.dtype, p.shape, p.first) for p in self.discrete_parts}
         parts.update({p.path: (False, False, p.dtype, p.shape, p.first) for p in self.continuous_parts})
@@ -264,8 +266,8 @@ class ActionLayout:
             bad = _fastaction.check_rows(self.spec, disc, cont)
             if bad is not None:
                 return bad
-        rows = len(disc) if disc is not None else len(cont)
-        if not rows:
+        rows = len(disc) if disc is not None else len(cont) if cont is not None else 0
+        if not rows:  # no rows, or a layout without elements
             return -1
         bad = np.zeros(rows, bool)
         if self.num_discrete:

@@ -57,8 +57,9 @@ class ActionWriter:
         self.checker = ActionLayout(space)
         parts = {p.path: p for p in self.checker.discrete_parts + self.checker.continuous_parts}
         self.parts = [parts[path] for _, path, _ in self.leaves]
-        self.discrete = [p.path for p in self.checker.discrete_parts]
-        self.continuous = [p.path for p in self.checker.continuous_parts]
+        # the leaves of each part the checker reads (none where the part has no elements)
+        self.discrete = [p.path for p in self.checker.discrete_parts] if self.checker.num_discrete else []
+        self.continuous = [p.path for p in self.checker.continuous_parts] if self.checker.num_continuous else []
         # a Discrete(n, start) policy space holds values from start: the checker counts choices from 0
         self.starts = {p.path: p.start for p in self.checker.discrete_parts if np.any(p.start != 0)}
 
