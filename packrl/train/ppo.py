@@ -37,7 +37,7 @@ from packrl.train.distributed import (
     broadcast_parameters,
     rank_and_world,
 )
-from packrl.train.optimizer import adam, clip_grad_norm
+from packrl.train.optimizer import adam, clip_grad_norm, zero_grad
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -421,7 +421,7 @@ class PPO:
                 mb = order[first:first + minibatch_size]
                 mask = None if all_acting else b["masks"][mb]
                 loss, terms, logratio = self.minibatch_loss(b, mb, mask)
-                self.optimizer.zero_grad(set_to_none=True)
+                zero_grad(params)
                 loss.backward()
                 if self.world > 1:
                     average_gradients(params)
@@ -457,11 +457,14 @@ class PPO:
         mb_advantages = b["advantages"][mb]
         if cfg.norm_adv:
             mb_advantages = _normalize(mb_advantages, mean, count)
-        pg_loss1 = -mb_advantages * ratio
-        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        neg_advantages = -mb_advantages
+        pg_loss1 = neg_advantages * ratio
+        pg_loss2 = neg_advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
         pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
-        newvalue = newvalue.float().reshape(logratio.shape)
+        newvalue = newvalue.float()
+        if newvalue.shape != logratio.shape:  # a decoder's (B, T, 1) values; a reshape is a node to backpropagate
+            newvalue = newvalue.reshape(logratio.shape)
         mb_returns = b["returns"][mb]
         v_loss_unclipped = (newvalue - mb_returns) ** 2
         if cfg.clip_vloss:
