@@ -53,6 +53,20 @@ def rollout(T: int, N: int, seed: int = 0) -> dict[str, np.ndarray]:
             "final_values": rng.standard_normal((T, N), np.float32), "next_value": rng.standard_normal(N, np.float32)}
 
 
+GAMMA, LAMBDA = np.float32(0.99), np.float32(0.95)  # compute_advantages' defaults
+ROLLOUT = ("values", "rewards", "terminals", "truncations", "final_values", "next_value")
+
+
+def _contenders(a: dict, t: dict, masks: np.ndarray) -> dict:
+    """The calls timed for one rollout: ``a`` its numpy arrays, ``t`` the same as CPU tensors."""
+    return {
+        "minimal Numba kernel": lambda: minimal_kernel(*(a[k] for k in ROLLOUT), GAMMA, LAMBDA),
+        "compute_advantages, numpy": lambda: compute_advantages(*(a[k] for k in ROLLOUT)),
+        "compute_advantages, torch CPU": lambda: compute_advantages(*(t[k] for k in ROLLOUT)),
+        "compute_advantages, numpy, masks": lambda: compute_advantages(*(a[k] for k in ROLLOUT), masks=masks),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -64,16 +78,9 @@ def main() -> None:
         a = rollout(T, N)
         t = {k: torch.from_numpy(v) for k, v in a.items()}
         masks = np.random.default_rng(1).random((T, N)) < 0.9
-        gamma, lam = np.float32(0.99), np.float32(0.95)
-        args6 = ("values", "rewards", "terminals", "truncations", "final_values", "next_value")
-        want = minimal_kernel(*(a[k] for k in args6), gamma, lam)
-        np.testing.assert_allclose(compute_advantages(*(a[k] for k in args6)), want, rtol=1e-5, atol=1e-5)
-        contenders = {
-            "minimal Numba kernel": lambda: minimal_kernel(*(a[k] for k in args6), gamma, lam),
-            "compute_advantages, numpy": lambda: compute_advantages(*(a[k] for k in args6)),
-            "compute_advantages, torch CPU": lambda: compute_advantages(*(t[k] for k in args6)),
-            "compute_advantages, numpy, masks": lambda: compute_advantages(*(a[k] for k in args6), masks=masks),
-        }
+        want = minimal_kernel(*(a[k] for k in ROLLOUT), GAMMA, LAMBDA)
+        np.testing.assert_allclose(compute_advantages(*(a[k] for k in ROLLOUT)), want, rtol=1e-5, atol=1e-5)
+        contenders = _contenders(a, t, masks)
         batch = {name: calls_per_batch(fn, 0.02) for name, fn in contenders.items()}
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.rounds):

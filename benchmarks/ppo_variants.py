@@ -19,7 +19,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-
 from common import machine_line
 
 

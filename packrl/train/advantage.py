@@ -173,7 +173,7 @@ def advantages_cuda(values: torch.Tensor, rewards: torch.Tensor, terminals: torc
                     rho_clip: float = 1.0, c_clip: float = 1.0) -> torch.Tensor:
     """The same recursion on CUDA tensors: the Triton kernel (one thread per row, time in registers),
     or, where Triton is missing, a loop over time of row-parallel torch ops."""
-    T, N = _check_shapes(values, rewards, terminals, truncations, final_values, next_value, masks, ratios)
+    _check_shapes(values, rewards, terminals, truncations, final_values, next_value, masks, ratios)
     args = (values, rewards, terminals, truncations, final_values, next_value, masks, gamma, gae_lambda,
             ratios, rho_clip, c_clip)
     try:
@@ -246,7 +246,7 @@ def cut_pending_decisions(values: torch.Tensor, rewards: torch.Tensor, terminals
     or whose episode ended, are unchanged (single-agent rollouts: no change at all)."""
     if bool(next_masks.all()):
         return masks, rewards, next_value
-    T, N = masks.shape
+    T = masks.shape[0]
     steps = torch.arange(T, device=masks.device)
     acted = masks.any(0)
     last = torch.where(masks, steps[:, None], -1).amax(0).clamp(min=0)  # each row's last decision

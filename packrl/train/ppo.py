@@ -627,17 +627,19 @@ def _kl_statistics(parts: list[tuple[torch.Tensor, torch.Tensor | None]], clip_c
         groups = [(p[0][None], None if p[1] is None else p[1][None]) for p in parts]
     per: dict[str, list] = {"old_approx_kl": [], "approx_kl": [], "clipfrac": []}
     for logratio, mask in groups:
-        dims = tuple(range(1, logratio.ndim))
-        if mask is None:
-            mean = lambda x: x.mean(dims)  # noqa: E731 - per minibatch
-        else:
-            count = mask.sum(dims).clamp(min=1)
-            mean = lambda x: torch.where(mask, x, 0.0).sum(dims) / count  # noqa: E731 - per minibatch
         ratio = logratio.exp()
-        per["old_approx_kl"].append(mean(-logratio))
-        per["approx_kl"].append(mean((ratio - 1) - logratio))
-        per["clipfrac"].append(mean(((ratio - 1.0).abs() > clip_coef).float()))
+        per["old_approx_kl"].append(_minibatch_means(-logratio, mask))
+        per["approx_kl"].append(_minibatch_means((ratio - 1) - logratio, mask))
+        per["clipfrac"].append(_minibatch_means(((ratio - 1.0).abs() > clip_coef).float(), mask))
     return {k: torch.cat(v).mean() for k, v in per.items()}
+
+
+def _minibatch_means(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of each minibatch (dim 0) over the rows its mask keeps (all rows without a mask)."""
+    dims = tuple(range(1, x.ndim))
+    if mask is None:
+        return x.mean(dims)
+    return torch.where(mask, x, 0.0).sum(dims) / mask.sum(dims).clamp(min=1)
 
 
 def _index(actions: Any, idx: torch.Tensor) -> Any:
