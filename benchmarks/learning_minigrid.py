@@ -271,11 +271,13 @@ def main() -> None:
                     r = packrl_run(env_id, seed, budget, changes)
                 else:
                     r = torch_ac_run(env_id, seed, budget, flags)
-                print(f"  {contender} {task} seed {seed}: frames {r.frames}, seconds {r.seconds and round(r.seconds, 1)}, "
-                      f"moving mean {r.last_mean:.3f} at {r.total_frames:,} frames, {r.total_seconds:.1f} s", flush=True)
+                seconds = r.seconds and round(r.seconds, 1)
+                print(f"  {contender} {task} seed {seed}: frames {r.frames}, seconds {seconds}, moving mean "
+                      f"{r.last_mean:.3f} at {r.total_frames:,} frames, {r.total_seconds:.1f} s", flush=True)
                 results.append(r)
             solved = sum(r.frames is not None for r in results)
-            medians[task, contender] = statistics.median([r.seconds for r in results if r.seconds is not None] or [float("nan")])
+            times = [r.seconds for r in results if r.seconds is not None]
+            medians[task, contender] = statistics.median(times) if times else float("nan")
             name = contender + ("".join(f" {s}" for s in args.set) if contender == "packrl" else "")
             rows.append([f"{name}, {task}", f">= {THRESHOLD} in {budget:,}", f"{solved}/{len(results)}",
                          summary([r.frames for r in results]), summary([r.seconds for r in results]),

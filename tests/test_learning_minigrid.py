@@ -20,7 +20,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def frames_to_mean(env_id: str, threshold: float, budget: int, seed: int = 0, window: int = 100) -> tuple[int | None, str]:
+def frames_to_mean(env_id: str, threshold: float, budget: int, seed: int = 0,
+                   window: int = 100) -> tuple[int | None, str]:
     """Train with ``env_id``'s defaults until the last ``window`` finished training episodes average
     ``threshold``: ``(frames then, or None within budget, the preset's name)``."""
     config, preset = settings.resolve(flags={"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}})
