@@ -192,12 +192,13 @@ def _check_observations(vecenv: Any, obs: np.ndarray, masks: np.ndarray, step: i
     layout = vecenv.emulated.observation
     outside = np.zeros(len(obs), dtype=bool)
     rows = np.flatnonzero(masks)
-    if obs.dtype == np.uint8 and layout.nbytes <= obs.shape[-1]:
+    box = layout.box
+    if box is not None and obs.dtype == box.dtype and obs.shape[1:] == box.shape:  # passed through: rows are the Box
+        leaves, flat = (box,), [obs[rows]]
+    else:
         leaves, picked = layout.leaves, np.ascontiguousarray(obs[rows])
         flat = [picked[:, leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape((len(rows), *leaf.shape))
                 for leaf in leaves]
-    else:  # a pass-through Box observation: the rows are the leaf itself
-        leaves, flat = layout.leaves[:1], [obs[rows]]
     for leaf, value in zip(leaves, flat):
         bad = _outside(leaf, value)
         if bad is not None:

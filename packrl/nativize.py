@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from packrl.emulation.layout import Layout
+from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.packer import WIDER_ROWS_HINT
-from packrl.emulation.tree import LeafNode
 from packrl.errors import NativizeError
 
 
@@ -25,8 +24,7 @@ def nativize(x: Any, layout: Layout) -> Any:
 
     The layout of a plain Box also takes the Box's own rows (what ``emulate`` passes through for
     a Box observation: its dtype, shape ``(..., *box.shape)``) and returns them as they are."""
-    box = _plain_box(layout)
-    if box is not None and _is_box_rows(x, *box) and not _packed_shape(x, layout):
+    if layout.box is not None and _is_box_rows(x, layout.box) and not _packed_shape(x, layout):
         return x  # uint8 rows of nbytes stay packed rows: for a uint8 Box the readings differ only when it is 0-d
     if isinstance(x, np.ndarray):
         _check(x.dtype == np.uint8, x.dtype, tuple(x.shape), layout)
@@ -57,33 +55,25 @@ def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch
     return x[..., start:end].view(dtype).view(batch + shape)
 
 
-def _plain_box(layout: Layout) -> tuple[np.dtype, tuple] | None:
-    """(dtype, shape) when the layout is one Box leaf, else None."""
-    root = layout.root
-    if type(root) is LeafNode and root.codec.kind == "box" and len(layout.leaves) == 1:
-        return layout.leaves[0].dtype, tuple(layout.leaves[0].shape)
-    return None
-
-
 def _packed_shape(x: Any, layout: Layout) -> bool:
     uint8 = x.dtype == (np.uint8 if isinstance(x, np.ndarray) else torch.uint8)
     return uint8 and x.ndim >= 1 and x.shape[-1] == layout.nbytes
 
 
-def _is_box_rows(x: Any, dtype: np.dtype, shape: tuple) -> bool:
+def _is_box_rows(x: Any, box: Leaf) -> bool:
     if isinstance(x, np.ndarray):
-        same_dtype = x.dtype == dtype
+        same_dtype = x.dtype == box.dtype
     elif isinstance(x, torch.Tensor):
-        same_dtype = x.dtype == TORCH_DTYPES[dtype.name]
+        same_dtype = x.dtype == TORCH_DTYPES[box.dtype.name]
     else:
         return False
-    return same_dtype and x.ndim >= len(shape) and tuple(x.shape[x.ndim - len(shape):]) == shape
+    return same_dtype and x.ndim >= len(box.shape) and tuple(x.shape[x.ndim - len(box.shape):]) == box.shape
 
 
 def _check(is_uint8: bool, dtype: Any, shape: tuple, layout: Layout) -> None:
     if not is_uint8:
-        box = _plain_box(layout)
-        also = "" if box is None else f" (or this Box's own rows: dtype {box[0]}, shape (..., {', '.join(map(str, box[1]))}))"
+        box = layout.box
+        also = "" if box is None else f" (or this Box's own rows: dtype {box.dtype}, shape (..., {', '.join(map(str, box.shape))}))"
         raise NativizeError(
             f"nativize needs uint8 rows{also}, got dtype {dtype} and shape {shape}. Packed rows must stay bytes: "
             "torch.Tensor(obs) casts to float32 and destroys them; use torch.from_numpy(obs) or torch.as_tensor(obs)")

@@ -45,7 +45,7 @@ class PackrlVecEnv(VecEnv):
         _check_vector_env(venv)
         self.venv = venv
         self.layout = venv.emulated.observation
-        box_rows = _rows_are_the_box(self.layout)
+        box_rows = self.layout.box is not None
         if observations is None:
             observations = "rows" if box_rows else "leaves"
         if observations not in OBSERVATIONS:
@@ -170,11 +170,6 @@ def _check_vector_env(venv: Any) -> None:
 def _per_env(infos: Any, n: int) -> list:
     """One info dict per env; the Numba backend's one dict of per-copy arrays carries none per env."""
     return [{} for _ in range(n)] if isinstance(infos, dict) else infos
-
-
-def _rows_are_the_box(layout: Any) -> bool:
-    """A Box observation passes through emulation: its rows are the Box itself, not packed bytes."""
-    return len(layout.leaves) == 1 and layout.leaves[0].path == () and isinstance(layout.leaves[0].space, spaces.Box)
 
 
 def _sb3_leaves(layout: Any, skip: tuple = ()) -> dict[str, tuple[Any, spaces.Space]]:

@@ -94,6 +94,9 @@ class Layout:
         # plain (start, end, dtype name, shape) per leaf: constants that compiled code can read
         self.spans = tuple((leaf.offset, leaf.offset + leaf.nbytes, leaf.dtype.name, leaf.shape) for leaf in leaves)
         self.gaps = _gaps(leaves, nbytes)  # byte ranges no leaf covers (padding): kept zero
+        # the one pass-through predicate: a lone Box may travel as its own rows (the leaf's dtype and
+        # shape) instead of packed bytes; emulation (rows.row_format) and every reader of rows ask this
+        self.box = leaves[0] if type(root) is LeafNode and isinstance(space, spaces.Box) else None
         self._key = json.dumps(self.to_dict(), sort_keys=True)
         self.packer = Packer(root, leaves, nbytes, self.gaps, self._key)
         self._last: tuple = (None, None)  # (weakref to a buffer, its BoundRows): reused when packed again

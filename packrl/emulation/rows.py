@@ -4,7 +4,7 @@
 ``packrl.env_protocol.RowEnv``). One row per possible agent; a row is the observation packed into
 ``emulated.nbytes`` uint8 bytes, except where pass-through applies: one group of agents whose
 observation space is a plain Box keeps the Box itself as its rows (its dtype and shape), checked
-against the Box and written without a packing layer. This is the one place that decides it.
+against the Box and written without a packing layer (``row_format``).
 """
 from __future__ import annotations
 
@@ -20,13 +20,11 @@ from packrl.errors import EmulationError, ObservationError
 
 def row_format(emulated: Emulated) -> tuple[bool, spaces.Box, tuple, np.dtype]:
     """(passes through, single observation space, row shape, row dtype) of an env with these layouts:
-    one group whose observation space is a Box keeps the Box as its rows; anything else is packed
-    into ``emulated.nbytes`` uint8 bytes. The one place that decides it (the emulations and the
-    Numba envs read it)."""
+    one group whose layout is a lone Box (``Layout.box``) keeps the Box as its rows; anything else
+    is packed into ``emulated.nbytes`` uint8 bytes (the emulations and the Numba envs read this)."""
     first = emulated.groups[0].observation
-    if not emulated.heterogeneous and isinstance(first.space, spaces.Box):
-        leaf = first.leaves[0]
-        return True, first.space, tuple(leaf.shape), np.dtype(leaf.dtype)
+    if not emulated.heterogeneous and first.box is not None:
+        return True, first.space, tuple(first.box.shape), np.dtype(first.box.dtype)
     return False, spaces.Box(0, 255, (emulated.nbytes,), np.uint8), (emulated.nbytes,), np.dtype(np.uint8)
 
 

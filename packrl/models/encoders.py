@@ -456,9 +456,8 @@ class LayoutEncoder(nn.Module):
         self.single = len(encoders) == 1
         self._linear = (self.project[0],)  # a plain tuple: Sequential indexing costs a microsecond a call
         self._passthrough: dict = {}  # (dtype, shape) -> whether such input is the Box itself
-        root = layout.leaves[0] if len(layout.leaves) == 1 and layout.leaves[0].path == () else None
-        self.passthrough_leaf = root if root is not None and root.kind == "box" else None
-        self.passthrough_dtype = torch_dtype(root.dtype) if self.passthrough_leaf is not None else None
+        self.passthrough_leaf = layout.box
+        self.passthrough_dtype = torch_dtype(layout.box.dtype) if layout.box is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leaf = self.passthrough_leaf
