@@ -33,10 +33,7 @@ class Unchecked(GymnasiumEmulation):
             native = self.emulated.action.checked_decode(_single(actions, self.emulated.action.kind),
                                                          who=f" (agent {AGENT})")
         obs, reward, terminated, truncated, info = self.env.step(native)
-        if self.passthrough:
-            self._write(obs)
-        else:
-            self._packer.pack(obs)
+        self._packer.pack(obs)  # the row writer step uses: a bound layout, or the pass-through Box row
         self.rewards[0] = reward
         self.terminals[0] = terminated
         self.truncations[0] = truncated
