@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, print_table  # noqa: E402
-from emulation import NetHackLike  # noqa: E402
+from common import machine_line, print_table
+from emulation import NetHackLike
 
-from packrl.emulation.actions import fast_decode  # noqa: E402
-from packrl.emulation.gymnasium_env import AGENT, GymnasiumEmulation, _single  # noqa: E402
+from packrl.emulation.actions import fast_decode
+from packrl.emulation.gymnasium_env import AGENT, GymnasiumEmulation, _single
 
 ROUNDS, CALLS = 40, 10_000
 
@@ -59,7 +59,7 @@ def main() -> None:
     rows = [[name, statistics.median(t), max(t) - min(t), statistics.median(t) - raw_t] for name, t in times.items()]
     print_table(f"step on the NetHack-like env (µs, median of {ROUNDS} rounds, each the best of 3 x {CALLS} calls)",
                 ["", "median µs", "spread µs", "added µs"], rows)
-    diffs = sorted(c - u for c, u in zip(times["emulate step, checked (packrl)"], times["emulate step, unchecked"]))
+    diffs = sorted(c - u for c, u in zip(times["emulate step, checked (packrl)"], times["emulate step, unchecked"], strict=True))
     print(f"checked - unchecked, paired per round: median {statistics.median(diffs):+.3f} µs, "
           f"quartiles {diffs[len(diffs) // 4]:+.3f} .. {diffs[3 * len(diffs) // 4]:+.3f} µs")
 
