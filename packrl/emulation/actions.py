@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 from packrl.emulation.layout import Layout
 from packrl.emulation.tree import DictNode, LeafNode, fold, iter_leaves, map_leaves
-from packrl.emulation.values import exact_array, format_path, refuse_outside
+from packrl.emulation.values import exact_array, format_path, outside_bounds, refuse_outside
 from packrl.errors import EmulationError
 
 try:
@@ -31,8 +31,7 @@ def _not_taken(spec: Any, action: Any) -> None:
 
 fast_decode = _fastaction.decode if _fastaction is not None else _not_taken
 """``fast_decode(layout.spec, action)``: the native action of a policy action in the commonest forms
-(int64 and float32/64 arrays, ints, a hybrid dict of two arrays) when it is inside the space, else
-None (``ActionLayout.decode`` then refuses it, or converts what converts exactly)."""
+(int64 and float32/64 arrays, ints, a hybrid dict of two arrays) inside the space, else None."""
 
 MAX_BRANCH = 2**24
 """Largest number of choices of one discrete branch (an integer Box wider than this is refused)."""
@@ -64,17 +63,6 @@ def outside_choices(choices: Any, nvec: Any) -> Any:
     return (choices < 0) | (choices >= nvec)
 
 
-def outside_values(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Where a continuous value is outside ``[low, high]`` or NaN (elementwise)."""
-    with np.errstate(invalid="ignore"):
-        return ~((values >= low) & (values <= high))
-
-
-def _leaf_bounds(codec: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A leaf's inclusive bounds, from its codec's one bounds source (``codec.bounds``)."""
-    return codec.bounds.low, codec.bounds.high
-
-
 class ActionLayout:
     """How a native action space maps to the policy's ``(discrete, continuous)`` actions."""
 
@@ -102,10 +90,10 @@ class ActionLayout:
         first_d = sum(p.nvec.size for p in self.discrete_parts)
         first_c = sum(int(np.prod(p.shape)) for p in self.continuous_parts)
         dtype = np.dtype(codec.fields[0].dtype)
-        if getattr(codec, "bounds", None) is None or len(codec.fields) != 1:  # strings: a policy cannot emit them
+        if codec.bounds is None or len(codec.fields) != 1:  # strings: a policy cannot emit them
             raise EmulationError(f"action leaf {format_path(path)}: {codec.kind} action spaces are not supported "
                                  "(a policy cannot emit them); use Discrete, MultiDiscrete, MultiBinary or Box leaves")
-        low, high = _leaf_bounds(codec)
+        low, high = codec.bounds.low, codec.bounds.high  # the codecs' one bounds source
         shape = tuple(np.shape(low))
         if dtype.kind == "f":
             self.continuous_parts.append(ContinuousPart(path, shape, dtype, np.asarray(low, np.float64),
@@ -173,16 +161,15 @@ class ActionLayout:
 
     def encode(self, native: Any) -> Any:
         """Native action (checked against the space) -> the policy-facing action."""
-        row = self.layout.pack(native)
-        leaves = self.layout.unpack(row)
+        leaves = dict(zip((leaf.path for leaf in self.layout.leaves),
+                          self.layout.packer.views(self.layout.pack(native), ())))  # one field per action leaf
         disc = np.zeros(self.num_discrete, np.int64)
         cont = np.zeros(self.num_continuous, self.continuous_dtype)
-        for part in self.discrete_parts:
-            value = _get(leaves, part.path)
-            value = _exact_ints(value, part.dtype)
+        for part in self.discrete_parts:  # a uint64 start beyond 2**63 does not fit int64: Python ints
+            value = leaves[part.path].astype(object if part.dtype.kind == "u" else np.int64)
             disc[part.first: part.first + part.nvec.size] = np.asarray(value - part.start).astype(np.int64).reshape(-1)
         for part in self.continuous_parts:
-            value = np.asarray(_get(leaves, part.path))
+            value = leaves[part.path]
             cont[part.first: part.first + value.size] = value.reshape(-1)
         return self._policy_form(disc, cont)
 
@@ -222,7 +209,7 @@ class ActionLayout:
                            f"is not a valid choice in [0, n) with n={part.nvec.tolist()}{who}")
         for part in self.continuous_parts:
             value = cont[part.first: part.first + int(np.prod(part.shape))].reshape(part.shape)
-            refuse_outside(outside_values(value, part.low, part.high), value, part.path,
+            refuse_outside(outside_bounds(value, part.low, part.high), value, part.path,
                            f"is outside the Box bounds [{part.low.min()}, {part.high.max()}] or not a number{who}")
         raise AssertionError("check_batch refused an action no leaf refuses")  # pragma: no cover
 
@@ -273,7 +260,7 @@ class ActionLayout:
         if self.num_discrete:
             bad |= outside_choices(np.reshape(disc, (rows, -1)), self.nvec).any(axis=1)
         if self.num_continuous:
-            bad |= outside_values(np.reshape(cont, (rows, -1)), self.low, self.high).any(axis=1)
+            bad |= outside_bounds(np.reshape(cont, (rows, -1)), self.low, self.high).any(axis=1)
         hits = np.flatnonzero(bad)
         return int(hits[0]) if hits.size else -1
 
@@ -337,19 +324,6 @@ def _row(actions: Any, k: int) -> Any:
 
 def _num_rows(actions: Any) -> int:
     return len(next(iter(actions.values()))) if isinstance(actions, dict) else len(actions)
-
-
-def _exact_ints(values: Any, dtype: np.dtype) -> np.ndarray:
-    """Per-element native values of choice 0: int64, or Python ints for an unsigned leaf (a uint64
-    start beyond 2**63 does not fit int64)."""
-    arr = np.asarray(values)
-    return arr.astype(object) if dtype.kind == "u" else arr.astype(np.int64)
-
-
-def _get(tree: Any, path: tuple) -> Any:
-    for key in path:
-        tree = tree[key]
-    return tree
 
 
 def _c_tree(root: Any, index: dict) -> Any:

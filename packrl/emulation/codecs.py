@@ -15,12 +15,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.values import (
-    Bounds,
-    exact_array,
-    format_path,
-    refuse_outside,
-)
+from packrl.emulation.values import Bounds, exact_array, format_path, refuse_outside, short
 from packrl.errors import EmulationError
 
 
@@ -220,8 +215,8 @@ class BoxCodec(LeafCodec):
         if self.dtype.kind == "b":  # the bytes, as uint8: bounds and canonical bools in one range
             low, high = (np.asarray(b).astype(np.uint8) for b in (space.low, space.high))
             self.bounds = Bounds(low, high, np.dtype(np.uint8), self.shape)
-            self.outside_message = f"is outside the bool Box's bounds (low {_short_list(low.astype(bool))}, " \
-                                   f"high {_short_list(high.astype(bool))})"
+            self.outside_message = f"is outside the bool Box's bounds (low {short(low.astype(bool).tolist())}, " \
+                                   f"high {short(high.astype(bool).tolist())})"
         else:
             self.bounds = Bounds(space.low, space.high, self.dtype, self.shape)
         # float bounds are not checked at pack; integer bounds that span the whole dtype need no check
@@ -266,11 +261,6 @@ class BoxCodec(LeafCodec):
         return arr[()] if arr.ndim == 0 and self.dtype.kind in "biu" else arr
 
 
-def _short_list(arr: np.ndarray) -> str:
-    text = str(arr.tolist())
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # ---------------------------------------------------------------- Discrete
 
 class DiscreteCodec(LeafCodec):
@@ -301,9 +291,8 @@ class DiscreteCodec(LeafCodec):
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         if not batch and type(value) in (int, np.int64) and not isinstance(value, bool):
             if not self._low <= value <= self._high:  # the bounds as Python ints: the commonest sample, fast
-                raise EmulationError(
-                    f"leaf {format_path(path)}: value {value!r} is outside Discrete(n={self.n}, start={self.start}) "
-                    f"[{self.start}, {self.start + self.n - 1}]")
+                raise EmulationError(f"leaf {format_path(path)}: value {value!r} {self.outside_message} "
+                                     f"[{self._low}, {self._high}]")
             return (np.asarray(value, dtype=self.dtype),)
         arr = exact_array(value, self.dtype, batch, path)
         self.bounds.refuse(arr, path, self.outside_message)

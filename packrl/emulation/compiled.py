@@ -14,15 +14,14 @@ layout packrl generates a module with two functions that mirror the space's stru
 - ``_kernel_any``, the Numba kernel with nested loops, is compiled the first time a leaf arrives
   strided, read-only or otherwise not taken by the first.
 
-``pack_many(samples, rows, first)`` calls ``pack`` per sample (one kernel call over tuples of
-samples measured no faster: the copies dominate). The text comes from ``packrl._codegen.Code``.
+``pack_many`` calls ``pack`` per sample (one kernel call over tuples of samples measured no
+faster: the copies dominate). The text comes from ``packrl._codegen.Code``.
 
-The compiled path only accepts, it never explains: anything unexpected (a list where an array
-was due, another dtype, a value out of range) makes ``pack`` return False and the caller runs
-the checked tree walk, which converts what converts exactly and names what does not. The C
-kernel compares dtypes itself, and the Numba kernels have compilation disabled after their
-signatures are made, so an array of another dtype is never cast on its way in. String and user
-leaves are checked by their codecs in Python and copied by the kernel.
+The compiled path only accepts, it never explains: anything unexpected makes ``pack`` return
+False (the Packer's checked path then converts or names it). The C kernel compares dtypes itself,
+and the Numba kernels have compilation disabled after their signatures are made, so an array of
+another dtype is never cast on its way in. String and user leaves are checked by their codecs in
+Python and copied by the kernel.
 """
 from __future__ import annotations
 
@@ -253,17 +252,16 @@ class _Source:
         in_kernel = (codec.check_is_bounds() and dtype in _NUMBA_DTYPES
                      and not (codec.takes_python_ints and dtype == np.uint64)
                      and not (dtype == np.bool_ and leaf.shape == ()))
+        if in_kernel and leaf.shape == ():
+            exact = self._name("_scalar")
+            self.objects[exact] = dtype.type
         if in_kernel and leaf.shape == () and dtype.kind == "f":
             # a float goes in as a 0-d array: as a scalar argument it would pass through a double,
             # which quietens a float32 signalling NaN
-            exact = self._name("_scalar")
-            self.objects[exact] = dtype.type
             self.py_checks.append(f"if {expr}.__class__ is {exact}: {expr} = _asarray({expr})")
             self.fields.append((leaf_ids[0], expr, False))
         elif in_kernel and leaf.shape == ():
             # scalars go in as scalars of an exact class only: Numba would cast a float to an int
-            exact = self._name("_scalar")
-            self.objects[exact] = dtype.type
             if codec.takes_python_ints:  # a Discrete sample is a Python or NumPy integer
                 self.py_checks.append(f"if {expr}.__class__ is not _int and {expr}.__class__ is not _int64 "
                                       f"and {expr}.__class__ is not {exact}: return False")
@@ -327,14 +325,14 @@ class _Source:
         args = ", ".join(f"a{leaf_id}" for leaf_id, *_ in kinds)
         with code.block(f"def {'_kernel_c_py' if contiguous else '_kernel_a_py'}(rows, r, {args}):"):
             code("# every check before any write: a refused sample leaves the row as it was")
-            for leaf_id, dtype, shape, scalar in kinds:
+            for leaf_id, _, shape, scalar in kinds:
                 a, refused = f"a{leaf_id}", f"return {leaf_id + 1}"
                 if not scalar and shape:
                     with code.block(f"if {a}.shape != {tuple(shape)!r}:"):
                         code(refused)
                 self._range_check(code, leaf_id, a, scalar, refused, contiguous)
             code("row = rows[r]")
-            for leaf_id, dtype, shape, scalar in kinds:
+            for leaf_id, dtype, _, scalar in kinds:
                 self._copy(code, self.leaves[leaf_id], dtype, f"a{leaf_id}", scalar, contiguous)
             code(*(f"row[{start}:{end}] = 0" for start, end in self.packer.gaps), "return 0")
 

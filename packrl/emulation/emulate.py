@@ -22,13 +22,13 @@ def emulate(env: Any, round_floats: bool = False, action_mask_key: str | None = 
     per-agent flag lists), emulated with one row per agent (``packrl.emulation.tuple_agents``)."""
     if agents not in AGENTS_OPTIONS:
         raise EmulationError(f"agents={agents!r}: choose None (one agent) or 'tuple' (one agent per Tuple entry)")
+    multi = {"round_floats": round_floats, "action_mask_key": action_mask_key, "finite_rewards": finite_rewards}
     if isinstance(env, gymnasium.Env):
         if agents == "tuple":
             from packrl.emulation.pettingzoo_env import ParallelEmulation
             from packrl.emulation.tuple_agents import TupleAgents
 
-            return ParallelEmulation(TupleAgents(env), round_floats=round_floats, action_mask_key=action_mask_key,
-                                     finite_rewards=finite_rewards)
+            return ParallelEmulation(TupleAgents(env), **multi)
         from packrl.emulation.gymnasium_env import GymnasiumEmulation
 
         return GymnasiumEmulation(env, round_floats=round_floats, finite_rewards=finite_rewards)
@@ -38,15 +38,11 @@ def emulate(env: Any, round_floats: bool = False, action_mask_key: str | None = 
         from pettingzoo.utils.env import AECEnv, ParallelEnv
     except ImportError:  # pragma: no cover - pettingzoo is a dependency
         AECEnv = ParallelEnv = ()
+    from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
+
     if isinstance(env, ParallelEnv):
-        from packrl.emulation.pettingzoo_env import ParallelEmulation
-
-        return ParallelEmulation(env, round_floats=round_floats, action_mask_key=action_mask_key,
-                                 finite_rewards=finite_rewards)
+        return ParallelEmulation(env, **multi)
     if isinstance(env, AECEnv):
-        from packrl.emulation.pettingzoo_env import AECEmulation
-
-        return AECEmulation(env, round_floats=round_floats, action_mask_key=action_mask_key,
-                            finite_rewards=finite_rewards)
+        return AECEmulation(env, **multi)
     raise EmulationError(
         f"emulate takes a gymnasium.Env, a PettingZoo ParallelEnv or AECEnv; got {type(env).__module__}.{type(env).__name__}")

@@ -22,10 +22,8 @@ class GymnasiumEmulation(EmulatedRows):
     """Wraps a gymnasium.Env: observations packed into ``observations[0]``, actions decoded from
     the policy's flat form into the env's native structure.
 
-    Buffers (``EmulatedRows``; one row, num_agents = 1): ``observations``, ``rewards`` float32,
-    ``terminals``, ``truncations``, ``masks`` (always true), ``final_observations`` (the last
-    observation of an episode, written on the step it ends). No autoreset: after an end, call
-    ``reset`` (vector backends do it in the same step). A plain Box observation passes through.
+    Buffers as ``EmulatedRows`` (one row; ``masks`` always true; ``final_observations`` written on
+    the step an episode ends). After an end, call ``reset`` (vector backends do it in the same step).
 
     Rewards and flags are checked (``packrl.emulation.step_checks``); ``finite_rewards=False``
     lets an env return rewards that are not finite in float32.
@@ -41,7 +39,6 @@ class GymnasiumEmulation(EmulatedRows):
 
     def set_buffers(self, observations: np.ndarray, final_observations: np.ndarray, rewards: np.ndarray,
                     terminals: np.ndarray, truncations: np.ndarray, masks: np.ndarray) -> None:
-        """Write into rows owned by someone else (a vector backend's shared memory)."""
         super().set_buffers(observations, final_observations, rewards, terminals, truncations, masks)
         self.masks[:] = True  # the one agent acts on every step
         self._packer = self._obs_rows[0]
@@ -90,14 +87,10 @@ class GymnasiumEmulation(EmulatedRows):
     @staticmethod
     def step_many(envs: list["GymnasiumEmulation"], actions: Any, rows: dict[str, np.ndarray],
                   position: BlockPosition) -> tuple[list[dict], np.ndarray]:
-        """Step several emulated envs whose rows are consecutive in shared arrays (``rows``: the
-        ``observations``, ``final_observations``, ``rewards``, ``terminals``, ``truncations`` of
-        exactly these envs, in order). Same checks and bytes as calling ``step`` on each, but the
-        observations are packed leaf by leaf across all envs (``Layout.pack_rows``): one stack
-        and one check per leaf instead of one per leaf and env. ``actions``: one policy action per
-        env (a ``(len(envs),)`` integer array for a Discrete action space). Returns each env's info
-        and the positions of the envs whose episode ended. When env k raises (or returns a value or
-        observation that is refused), ``position.index`` is k (``packrl.env_protocol.BlockStepper``)."""
+        """``packrl.env_protocol.BlockStepper.step_many``: same checks and bytes as ``step`` on each
+        env, but the observations are packed leaf by leaf across the block (``Layout.pack_rows``):
+        one stack and one check per leaf instead of one per leaf and env. ``actions``: one policy
+        action per env (a list, or the block's rows of the action arrays)."""
         first = envs[0]
         action_layout = first.emulated.action
         if isinstance(actions, list):  # one action per env

@@ -22,7 +22,7 @@ from gymnasium import spaces
 from packrl.emulation.codecs import LeafCodec, codec_for
 from packrl.emulation.packer import BoundRows, Packer, check_writable
 from packrl.emulation.tree import DictNode, LeafNode, Node, build, flatten, fold, iter_leaves, unflatten
-from packrl.emulation.values import Bounds, format_path
+from packrl.emulation.values import Bounds, format_path, short
 from packrl.errors import EmulationError
 
 
@@ -137,10 +137,8 @@ class Layout:
         return out
 
     def compiled_pack(self) -> Any:
-        """The generated, Numba-compiled pack of this layout (see ``packrl.emulation.compiled``),
-        made now if it is not yet; None where it cannot be made. Packing compiles it by itself once
-        a layout has packed ``packer.COMPILE_AFTER`` samples (env ``PACKRL_COMPILE_PACK``: ``auto``,
-        ``always`` or ``never``)."""
+        """The generated, compiled pack of this layout (``packrl.emulation.compiled``), made now if it
+        is not yet; None where it cannot be made. Packing compiles it by itself (``packer.Packer``)."""
         return self.packer.compiled_pack()
 
     def pack_batch(self, samples: Any, out: np.ndarray | None = None) -> np.ndarray:
@@ -200,12 +198,9 @@ class Layout:
                                      in zip(self.packer.leaf_nodes, flatten(self.root, unpacked))])
 
     def _bound(self, buf: np.ndarray) -> BoundRows:
-        """The BoundRows of ``buf``, kept for the last buffer seen: emulators pack the same rows every
-        step. (BoundRows refers to the packer, not to the layout: the cache makes no cycle.)"""
-        ref, bound = self._last
-        if ref is None or ref() is not buf:
-            bound = self.bind(buf)
-            self._last = (weakref.ref(buf), bound)
+        """Bind ``buf`` and keep it as the last buffer seen (emulators pack the same rows every step)."""
+        bound = self.bind(buf)
+        self._last = (weakref.ref(buf), bound)
         return bound
 
     # ------------------------------------------------------------ plain data
@@ -223,7 +218,7 @@ class Layout:
         """The layout a ``to_dict()`` document describes; EmulationError for any document that is
         not one (malformed, or a tree whose offsets do not match its leaves)."""
         if not isinstance(data, dict) or not isinstance(data.get("tree"), dict):
-            raise EmulationError(f"layout JSON must be an object with a 'tree' object, got {_short(data)}")
+            raise EmulationError(f"layout JSON must be an object with a 'tree' object, got {short(data, 200)}")
         with _malformed("layout JSON"):
             root = build(data["tree"], _split_json)
             layout = cls(_space_of(root), root, *_place_leaves(root))
@@ -356,37 +351,32 @@ def _malformed(what: str, path: tuple | None = None) -> Iterator[None]:
     except (KeyError, TypeError, AttributeError, ValueError, IndexError, OverflowError, AssertionError,
             RecursionError, MemoryError) as err:
         where = "" if path is None else f" at {format_path(path)}"
-        raise EmulationError(f"{what}{where} is malformed: {type(err).__name__}: {_short(err)}") from None
-
-
-def _short(value: Any) -> str:
-    text = str(value) if isinstance(value, BaseException) else repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
+        raise EmulationError(f"{what}{where} is malformed: {type(err).__name__}: {short(err, 200)}") from None
 
 
 def _split_json(obj: Any, path: tuple) -> Any:
     """One node of a layout JSON tree, for ``tree.build``: its children, or its leaf's codec."""
     if not isinstance(obj, dict) or len(obj) != 1 or next(iter(obj)) not in ("leaf", "dict", "tuple"):
         raise EmulationError(f"layout JSON at {format_path(path)}: a tree node is an object with one key, "
-                             f"'leaf', 'dict' or 'tuple'; got {_short(obj)}")
+                             f"'leaf', 'dict' or 'tuple'; got {short(obj, 200)}")
     if "dict" in obj:
         with _malformed("layout JSON", path):
             return "dict", tuple(_decode_key(k) for k, _ in obj["dict"]), [c for _, c in obj["dict"]]
     if "tuple" in obj:
         if not isinstance(obj["tuple"], list):
-            raise EmulationError(f"layout JSON at {format_path(path)}: 'tuple' must be a list, got {_short(obj['tuple'])}")
+            raise EmulationError(f"layout JSON at {format_path(path)}: 'tuple' must be a list, got {short(obj['tuple'], 200)}")
         return "tuple", (), obj["tuple"]
     spec = obj["leaf"]
     if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
         raise EmulationError(f"layout JSON at {format_path(path)}: a leaf is an object with a string 'kind', "
-                             f"got {_short(spec)}")
+                             f"got {short(spec, 200)}")
     cls = LeafCodec.kinds.get(spec["kind"])
     if cls is None:
         raise EmulationError(f"leaf {format_path(path)}: unknown codec kind {spec['kind']!r} (import the module that defines it)")
     shape = spec.get("shape", [])
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) \
             or math.prod(shape) > MAX_JSON_LEAF_ELEMENTS:
-        raise EmulationError(f"layout JSON at {format_path(path)}: shape {_short(shape)} must be a list of "
+        raise EmulationError(f"layout JSON at {format_path(path)}: shape {short(shape, 200)} must be a list of "
                              f"non-negative ints with at most {MAX_JSON_LEAF_ELEMENTS} elements in all")
     with _malformed("layout JSON", path):
         return cls.from_spec(spec)

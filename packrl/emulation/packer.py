@@ -111,13 +111,6 @@ class Packer:
             for leaf_id, arr in zip(ids, arrays):
                 views[leaf_id][...] = arr
 
-    def write_slow(self, sample: Any, rows: np.ndarray, views: list, batch: tuple) -> None:
-        """``write``, the padding zeroed too (as the compiled pack does)."""
-        check_writable(rows, "pack: out")
-        self.write(sample, views, batch)
-        for start, end in self.gaps:
-            rows[..., start:end] = 0
-
     # ------------------------------------------------------------ many samples
 
     def batch_size(self, samples: Any) -> int:
@@ -177,10 +170,9 @@ class Packer:
 
 
 class BoundRows:
-    """Rows bound to a layout's packer: their leaf views are made once. ``pack`` writes one sample
-    (or one batched structure, for a batch of rows) through the compiled pack once the layout is
-    hot, else (and to explain a refusal) through the checked Python path. Holds no reference to the
-    Layout, so the layout's cache of its last buffer makes no cycle."""
+    """Rows bound to a layout's packer (not to the Layout: no cycle), their leaf views made once.
+    ``pack`` writes one sample (or one batched structure, for a batch of rows) through the compiled
+    pack once the layout is hot, else (and to explain a refusal) through the checked Python path."""
 
     def __init__(self, packer: Packer, rows: np.ndarray, unflatten: Any):
         packer.check_buffer(rows, batch_ndim=None)
@@ -212,7 +204,10 @@ class BoundRows:
                 self._fast = compiled.pack
                 if compiled.pack(sample, self._rows2d, 0):
                     return
-        self.packer.write_slow(sample, self.rows, self.views, self.batch)
+        check_writable(self.rows, "pack: out")
+        self.packer.write(sample, self.views, self.batch)
+        for start, end in self.packer.gaps:  # zeroed, as the compiled pack does
+            self.rows[..., start:end] = 0
 
     def pack_checked(self, sample: Any) -> None:
         """The checked Python path alone (padding left as it is)."""

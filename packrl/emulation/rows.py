@@ -1,11 +1,6 @@
-"""The rows every emulation writes: its buffers, how an observation gets into a row, and Box pass-through.
-
-``EmulatedRows`` is the base of the gymnasium, PettingZoo Parallel and AEC emulations (each a
-``packrl.env_protocol.RowEnv``). One row per possible agent; a row is the observation packed into
-``emulated.nbytes`` uint8 bytes, except where pass-through applies: one group of agents whose
-observation space is a plain Box keeps the Box itself as its rows (its dtype and shape), checked
-against the Box and written without a packing layer (``row_format``).
-"""
+"""The rows every emulation writes: its buffers, how an observation gets into a row (packed, or a
+lone Box passed through as itself: ``row_format``). ``EmulatedRows`` is the base of the gymnasium,
+PettingZoo Parallel and AEC emulations (each a ``packrl.env_protocol.RowEnv``)."""
 from __future__ import annotations
 
 from typing import Any

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from packrl.emulation.values import short
 from packrl.errors import EmulationError
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -42,8 +43,7 @@ def env_name(env: Any) -> str:
 
 
 def _value(value: Any) -> str:
-    text = repr(value)
-    return (text if len(text) <= 80 else text[:77] + "...") + f" ({type(value).__name__})"
+    return f"{short(value, 80)} ({type(value).__name__})"
 
 
 def checked_flag(value: Any, field: str, env: Any, who: str = "", hint: str = "") -> bool:

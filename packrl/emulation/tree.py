@@ -2,17 +2,9 @@
 
 A space's structure is a tree of ``DictNode`` and ``TupleNode`` with a ``LeafNode`` (a codec
 and the ids of its fields in ``Layout.leaves``) at each leaf. Everything that walks the
-structure goes through these functions:
-
-- ``build(obj, split)``: make a tree from any nested description (a gymnasium space, a JSON
-  document), numbering the leaves' fields in order;
-- ``fold(root, fn)``: combine bottom-up, ``fn(path, node, child_results)`` (``map_leaves``,
-  ``iter_nodes`` and ``iter_leaves`` are folds);
-- ``flatten(root, sample)``: a sample's leaf values in leaf order, its Dicts and Tuples checked
-  on the way (an error names the path);
-- ``unflatten(root, values)``: the structure rebuilt from one value per leaf.
-
-Paths are tuples of Dict keys and Tuple indices from the root (``()`` is the root itself).
+structure goes through ``build``, ``fold`` (``map_leaves``, ``iter_nodes`` and ``iter_leaves``
+are folds), ``flatten`` and ``unflatten``. Paths are tuples of Dict keys and Tuple indices from
+the root (``()`` is the root itself).
 """
 from __future__ import annotations
 

@@ -50,8 +50,7 @@ class Bounds:
 
     def mask(self, arr: np.ndarray) -> np.ndarray:
         """Elementwise: True where ``arr`` (shape ``(*batch, *shape)``) is outside (or NaN)."""
-        with np.errstate(invalid="ignore"):
-            return ~((arr >= self.low) & (arr <= self.high))
+        return outside_bounds(arr, self.low, self.high)
 
     def outside(self, arr: np.ndarray) -> bool:
         """True when some element of ``arr`` (shape ``(*batch, *shape)``) is outside."""
@@ -66,6 +65,12 @@ class Bounds:
         """Raise EmulationError naming the first element outside, if any."""
         if self.outside(arr):
             refuse_outside(self.mask(arr), arr, path, why)
+
+
+def outside_bounds(arr: Any, low: Any, high: Any) -> np.ndarray:
+    """Elementwise: True where ``arr`` is outside ``[low, high]`` or NaN (packrl's one bounds test)."""
+    with np.errstate(invalid="ignore"):
+        return ~((arr >= low) & (arr <= high))
 
 
 def format_path(path: tuple) -> str:
@@ -84,7 +89,7 @@ def as_numeric_array(value: Any, path: tuple) -> np.ndarray:
             raise EmulationError(f"leaf {format_path(path)}: cannot read {value!r} as a number array ({err})") from None
     if arr.dtype.kind not in "biuf":
         raise EmulationError(
-            f"leaf {format_path(path)}: got {_short(value)} of dtype {arr.dtype}, expected numbers"
+            f"leaf {format_path(path)}: got {short(value)} of dtype {arr.dtype}, expected numbers"
         )
     return arr
 
@@ -209,6 +214,7 @@ def refuse_outside(bad: np.ndarray, arr: np.ndarray, path: tuple, why: str) -> N
         raise EmulationError(f"leaf {format_path(path)}: value {value!r}{where} {why}")
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` (an exception's message), cut to ``limit`` characters."""
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

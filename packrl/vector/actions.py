@@ -12,12 +12,9 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.actions import (
-    ActionLayout,
-    ContinuousPart,
-    outside_choices,
-    outside_values,
-)
+from packrl.emulation.actions import ActionLayout, ContinuousPart, outside_choices
+from packrl.emulation.tree import iter_leaves
+from packrl.emulation.values import outside_bounds
 from packrl.errors import EmulationError
 
 
@@ -53,8 +50,9 @@ class ActionWriter:
         self.space = space
         self.arrays = arrays
         self.agents_per_env = agents_per_env
-        self.leaves = _leaves(space, "actions", ())
         self.checker = ActionLayout(space)
+        self.leaves = [("".join(["actions", *(f".{k}" for k in path)]), path, node.codec.space)
+                       for path, node in iter_leaves(self.checker.layout.root)]  # (array name, path, space)
         parts = {p.path: p for p in self.checker.discrete_parts + self.checker.continuous_parts}
         self.parts = [parts[path] for _, path, _ in self.leaves]
         # the leaves of each part the checker reads (none where the part has no elements)
@@ -90,22 +88,13 @@ class ActionWriter:
         for (_, path, sub), part in zip(self.leaves, self.parts):
             arr = values[path]
             if isinstance(part, ContinuousPart):
-                _refuse(outside_values(arr, part.low, part.high), arr, _where(path),
+                _refuse(outside_bounds(arr, part.low, part.high), arr, _where(path),
                         "outside the Box bounds or not a number", env_ids, self.agents_per_env)
             else:
                 low = part.start
                 choices = arr - low if path in self.starts else arr
                 _refuse(outside_choices(choices, part.nvec), arr, _where(path),
                         f"outside [{np.min(low)}, {np.max(low + part.nvec - 1)}] of {sub}", env_ids, self.agents_per_env)
-
-
-def _leaves(space: spaces.Space, name: str, path: tuple) -> list:
-    if isinstance(space, spaces.Dict):
-        out = []
-        for key, sub in space.spaces.items():
-            out += _leaves(sub, f"{name}.{key}", path + (key,))
-        return out
-    return [(name, path, space)]
 
 
 def _get(actions: Any, path: tuple, space: spaces.Space) -> Any:
