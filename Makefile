@@ -25,6 +25,7 @@ demo: install
 	$(PY) examples/train_demo.py
 
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 bench: install

@@ -2,10 +2,11 @@
 
 The minimal kernel is the recursion of packrl/train/advantage.py with nothing else: terminals, truncations
 with their final values, float32, no masks, no V-trace ratios, no checks, called on arrays already in
-float32/bool, returning a new array as compute_advantages does. packrl's rows: ``compute_advantages`` on numpy arrays and on CPU torch tensors (as PPO calls
-it), ``masks=None`` and a mask. Contenders alternate within each round, so load changes hit them alike;
-the ratio is the median over rounds of (packrl / minimal) in the same round. Times are process CPU time
-(``time.process_time``), which other jobs on a shared machine disturb less than the wall clock.
+float32/bool, returning a new array as compute_advantages does. packrl's rows: ``compute_advantages`` on numpy
+arrays and on CPU torch tensors (as PPO calls it), ``masks=None`` and a mask. Contenders alternate within each
+round, so load changes hit them alike; the ratio is the median over rounds of (packrl / minimal) in the same
+round. Times are process CPU time (``time.process_time``), which other jobs on a shared machine disturb less
+than the wall clock.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/advantage.py [--rounds 9]
 """

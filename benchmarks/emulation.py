@@ -22,10 +22,10 @@ from gymnasium import spaces
 from gymnasium.spaces import utils as gym_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, calls_per_batch, machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, calls_per_batch, machine_line, per_call_us, print_table
 
-from packrl.emulation import Layout, emulate  # noqa: E402
-from packrl.nativize import nativize  # noqa: E402
+from packrl.emulation import Layout, emulate
+from packrl.nativize import nativize
 
 MINIGRID = spaces.Dict({
     "image": spaces.Box(0, 255, (7, 7, 3), np.uint8),

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line  # noqa: E402
+from common import machine_line
 
 
 def rollout(T: int, N: int, seed: int = 0) -> dict:

@@ -28,7 +28,7 @@ from packrl.vector.infos import to_dict
 from packrl.vector.testing import ScriptedEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, per_call_us  # noqa: E402
+from common import machine_line, per_call_us
 
 ENVS = {"CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"), "ScriptedEnv (Dict)": ScriptedEnv}
 

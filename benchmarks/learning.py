@@ -180,8 +180,9 @@ def summary(values: list) -> str:
     found = [v for v in values if v is not None]
     if not found:
         return "none"
-    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")  # noqa: E731
-    return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]" + (f" ({len(found)}/{len(values)})" if len(found) < len(values) else "")
+    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")
+    share = f" ({len(found)}/{len(values)})" if len(found) < len(values) else ""
+    return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]{share}"
 
 
 def main() -> None:

@@ -21,11 +21,11 @@ from gymnasium import spaces
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, machine_line, per_call_us, print_table  # noqa: E402
+from common import NETHACK, machine_line, per_call_us, print_table
 
-from packrl.emulation import Layout  # noqa: E402
-from packrl.models import MLP, Decoder, LayoutEncoder, Policy  # noqa: E402
-from packrl.models.heads import layer_init  # noqa: E402
+from packrl.emulation import Layout
+from packrl.models import MLP, Decoder, LayoutEncoder, Policy
+from packrl.models.heads import layer_init
 
 HIDDEN = 128
 ACTIONS = spaces.Discrete(23)

@@ -34,7 +34,6 @@ from packrl.emulation import emulate  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
 
-
 # ---------------------------------------------------------------- Parallel loops
 
 

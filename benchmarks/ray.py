@@ -36,7 +36,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 if __name__ == "ray":
     del sys.modules["ray"]
-    import ray  # noqa: F401, E402 - the real Ray replaces this module in sys.modules
+    import ray  # noqa: F401 - the real Ray replaces this module in sys.modules
 else:
     import argparse
     import functools
@@ -46,8 +46,8 @@ else:
 
     import gymnasium
     import numpy as np
-
     from common import machine_line
+
     from packrl import vector
     from packrl.vector.testing import StructuredEnv
 

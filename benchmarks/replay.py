@@ -25,11 +25,11 @@ import torch
 from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import NETHACK, calls_per_batch, machine_line, print_table  # noqa: E402
+from common import NETHACK, calls_per_batch, machine_line, print_table
 
-from packrl import envs  # noqa: E402
-from packrl.emulation import Layout  # noqa: E402
-from packrl.train.replay import ReplayBuffer  # noqa: E402
+from packrl import envs
+from packrl.emulation import Layout
+from packrl.train.replay import ReplayBuffer
 
 NUM_ENVS, GAMMA = 8, 0.99
 BATCHES = (32, 256)
@@ -128,9 +128,11 @@ def dict_case() -> tuple[list, list]:
         sb3.add({k: v[data["ids"][t]] for k, v in data["leaves"].items()},
                 {k: v[next_ids] for k, v in data["leaves"].items()}, data["actions"][t][:, None], data["rewards"][t],
                 ended, [{"TimeLimit.truncated": bool(x)} for x in data["truncs"][t]])
-    memory = [["SB3 DictReplayBuffer", sb3_bytes(sb3) / (capacity * NUM_ENVS), 1.0],
-              ["packrl ReplayBuffer", ours.nbytes / packrl_steps_held(ours), ours.nbytes / packrl_steps_held(ours) / (sb3_bytes(sb3) / (capacity * NUM_ENVS))],
-              ["packrl ReplayBuffer, prioritized", ours_per.nbytes / packrl_steps_held(ours_per), ours_per.nbytes / packrl_steps_held(ours_per) / (sb3_bytes(sb3) / (capacity * NUM_ENVS))]]
+    sb3_per_step = sb3_bytes(sb3) / (capacity * NUM_ENVS)
+    ours_per_step, per_per_step = ours.nbytes / packrl_steps_held(ours), ours_per.nbytes / packrl_steps_held(ours_per)
+    memory = [["SB3 DictReplayBuffer", sb3_per_step, 1.0],
+              ["packrl ReplayBuffer", ours_per_step, ours_per_step / sb3_per_step],
+              ["packrl ReplayBuffer, prioritized", per_per_step, per_per_step / sb3_per_step]]
     speed = []
     for batch in BATCHES:
         speed += speed_rows({"SB3 DictReplayBuffer": lambda: sb3.sample(batch),
@@ -142,7 +144,8 @@ def dict_case() -> tuple[list, list]:
 
 
 def cartpole_case() -> tuple[list, list]:
-    from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer as SB3ReplayBuffer
+    from stable_baselines3.common.buffers import NStepReplayBuffer
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 
     capacity = 12_500  # per env: 100,000 transitions
     steps = capacity + 500

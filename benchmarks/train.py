@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line  # noqa: E402
+from common import machine_line
 
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES, HIDDEN, LR = 8, 128, 4, 4, 64, 2.5e-4
 
@@ -68,7 +68,7 @@ class Agent(nn.Module):
 
 
 def cleanrl_ppo(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
-    NUM_ENVS = num_envs  # noqa: N806 - the body below is CleanRL's loop with its own names
+    NUM_ENVS = num_envs
     torch.manual_seed(seed)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(NUM_ENVS)])
     agent = Agent(4, 2)

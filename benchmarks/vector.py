@@ -32,7 +32,7 @@ from packrl.emulation.actions import ActionLayout
 from packrl.vector.testing import StructuredEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line  # noqa: E402
+from common import machine_line
 
 
 class ActionKindEnv(StructuredEnv):

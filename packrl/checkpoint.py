@@ -417,7 +417,7 @@ def compare_layout(recorded: Any, actual: Mapping[str, Any], name: str, where: A
         raise CheckpointError(f"{where}: field {field!r} is missing or not a layout (the env's {name} layout "
                               "cannot be checked against it)")
     have, want = recorded["leaves"], list(actual["leaves"])
-    for i, (r, a) in enumerate(zip(have, want)):
+    for r, a in zip(have, want):
         if r != a:
             keys = [k for k in a if not isinstance(r, dict) or r.get(k) != a[k]] or ["entry"]
             got = {k: r.get(k) for k in keys} if isinstance(r, dict) else r

@@ -13,15 +13,20 @@ import argparse
 import difflib
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import packrl.commands.check
 import packrl.commands.configs
 import packrl.commands.evaluate
 import packrl.commands.inspect
-import packrl.commands.train
+import packrl.commands.train  # noqa: F401 - loads commands.train, which main() reads
 from packrl import __version__, commands
 from packrl.commands.arguments import SHORTCUTS
 from packrl.errors import PackrlError
+
+if TYPE_CHECKING:  # imported where used: `packrl --help` starts without them
+    from packrl.config import Setting
+    from packrl.presets import Preset
 
 CONFIG_COMMANDS = ("train", "check")
 SECTION_TITLES = {
@@ -105,7 +110,7 @@ def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict) -> No
             help=f"{s.help} ({_bounds(s)}default: {_default_text(s)})".replace("%", "%%"))
 
 
-def _metavar(s) -> str:
+def _metavar(s: Setting) -> str:
     if s.choices:
         return "{" + ",".join(s.choices) + "}"
     if s.base is bool:
@@ -113,7 +118,7 @@ def _metavar(s) -> str:
     return {int: "INT", float: "FLOAT", str: "TEXT"}.get(s.base, "TABLE")
 
 
-def _bounds(s) -> str:
+def _bounds(s: Setting) -> str:
     """The range of a number (the type and choices are in the metavar)."""
     text = str(s.range) if s.range is not None else ""
     if s.optional:
@@ -121,7 +126,7 @@ def _bounds(s) -> str:
     return f"{text}; " if text else ""
 
 
-def _default_text(s) -> str:
+def _default_text(s: Setting) -> str:
     if s.default is None:
         return "none"
     if isinstance(s.default, bool):
@@ -196,7 +201,7 @@ def _is_config(err: Exception) -> bool:
     return isinstance(err, UsageError)
 
 
-def _preset_line(preset, config: dict) -> str:
+def _preset_line(preset: Preset | None, config: dict) -> str:
     if preset is None:
         return f"preset: none for {config['env']['id']!r} (packrl's defaults; `packrl configs` lists the presets)"
     return (f"preset: {preset.name} ({preset.summary}); flags and --config override it, --preset none turns it off")

@@ -325,7 +325,7 @@ def parse_toml_value(text: str) -> Any:
         import tomli as tomllib
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except Exception:
+    except (tomllib.TOMLDecodeError, KeyError):
         return text
 
 

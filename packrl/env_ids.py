@@ -158,7 +158,7 @@ def _import(module_name: str, env_id: str, search_cwd: bool) -> Any:
                                                           if search_cwd else ""))
             raise ConfigError(f"env id {env_id!r}: cannot import {module_name!r}: {hint}") from None
         raise ConfigError(f"env id {env_id!r}: importing {module_name!r} failed: {err}") from None
-    except Exception as err:  # the module's own code failed: one line, its type and message
+    except Exception as err:  # noqa: BLE001 - the module's own code failed: one line, its type and message
         raise ConfigError(f"env id {env_id!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
 
 
@@ -167,7 +167,7 @@ def _sibling_modules(module_name: str) -> list[str]:
     parent = module_name.rpartition(".")[0]
     try:
         package = importlib.import_module(parent)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user's module may raise any class
         return []
     return [f"{parent}.{m.name}" for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
 

@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from packrl.checkpoint import CheckpointError, load_checkpoint, manifest_sha256, read_header, read_metadata
 from packrl.cli import main
-from tests.saved_policies import save_untrained
 from packrl.train.run import load_policy
+from tests.saved_policies import save_untrained
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL_MODULE = "packrl_evil_payload"

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from packrl import config as config_settings
 from packrl.cli import build_parser, config_from_args, main, normalize_argv
@@ -229,8 +232,6 @@ def test_no_traceback_and_version_in_a_real_process(tmp_path):
 
 
 # ---------------------------------------------------------------- property tests of the flag text
-
-from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
 NUM_ENVS = SETTINGS["vec.num_envs"]
 GAMMA = SETTINGS["train.gamma"]

@@ -9,13 +9,14 @@ import pytest
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spaces_strategies import extreme, nested_spaces
+from spaces_strategies import sample as draw
+from test_layout_errors import SPACE, good
 
 from packrl import EmulationError
 from packrl.emulation import Layout, emulate
 from packrl.emulation import compiled as compiled_module
 from packrl.emulation import packer as packer_module
-from spaces_strategies import extreme, nested_spaces, sample as draw
-from test_layout_errors import SPACE, good
 
 
 @pytest.fixture(autouse=True, scope="module", params=["c", "numba"])

@@ -8,10 +8,12 @@ import pytest
 from gymnasium import spaces
 
 from packrl import EmulationError
-from packrl.emulation import Layout, emulate
+from packrl.emulation import (
+    Layout,
+    _fastpack,  # a failed build must fail here, not be skipped
+    emulate,
+)
 from packrl.emulation import compiled as compiled_module
-
-from packrl.emulation import _fastpack  # a failed build must fail here, not be skipped
 
 SPACE = spaces.Dict({
     "glyphs": spaces.Box(0, 5976, (3, 4), np.int16),

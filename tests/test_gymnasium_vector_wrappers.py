@@ -7,9 +7,10 @@ import sys
 import gymnasium
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import ClipReward, NormalizeReward, RecordEpisodeStatistics
+from hypothesis import given
+from hypothesis import strategies as st
 
 from packrl import EnvError, UsageError, vector
 from packrl.emulation import Layout

@@ -7,11 +7,12 @@ import torch
 from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
+from spaces_strategies import deep_spaces, extreme, nested_spaces
+from spaces_strategies import sample as draw
 
 from packrl import EmulationError
 from packrl.emulation import Layout, TextView
 from packrl.nativize import nativize
-from spaces_strategies import deep_spaces, extreme, nested_spaces, sample as draw
 
 
 def assert_bit_equal(space, sample, unpacked, layout_codec_native):

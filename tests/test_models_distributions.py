@@ -6,7 +6,14 @@ import torch
 from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.distributions import AffineTransform, Categorical, Normal, SoftplusTransform, TanhTransform, TransformedDistribution
+from torch.distributions import (
+    AffineTransform,
+    Categorical,
+    Normal,
+    SoftplusTransform,
+    TanhTransform,
+    TransformedDistribution,
+)
 
 from packrl.emulation import ActionLayout
 from packrl.models import ActionSpec, apply_mask

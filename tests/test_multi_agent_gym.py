@@ -59,6 +59,7 @@ def test_vector_env_of_tuple_agents():
         obs, _ = envs.reset()
         assert obs.shape == (4, 9)
         raw_obs = [r.reset(seed=5 + i)[0] for i, r in enumerate(raws)]
+        assert all(np.array_equal(obs[2 * i: 2 * i + 2], np.stack(o)) for i, o in enumerate(raw_obs))
         rng = np.random.default_rng(0)
         for _ in range(120):
             actions = rng.integers(0, 6, size=4)

@@ -304,7 +304,8 @@ def _hybrid(modes, force=0.25) -> dict:
 def test_a_copy_writing_outside_its_leaf_space_is_named_and_other_rows_stay_intact(mode, leaf, what):
     env = _faulty(6)
     env.reset()
-    with pytest.raises(EnvError, match=rf"numba env 'faulty', env index 4: its step kernel wrote .*{what}.* into observation leaf \"?{re_escape(leaf)}"):
+    pattern = rf"numba env 'faulty', env index 4: its step kernel wrote .*{what}.* into observation leaf \"?{re_escape(leaf)}"
+    with pytest.raises(EnvError, match=pattern):
         env.step(_hybrid([0, 0, 0, 0, mode, 0]))
     rows = nativize(env.observations, env.emulated.observation)
     np.testing.assert_array_equal(np.delete(rows["x"], 4, axis=0), np.full((5, 2), 0.25, np.float32))

@@ -10,11 +10,11 @@ from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 from pettingzoo.utils.env import ParallelEnv
+from spaces_strategies import extreme, nested_spaces, sample
 
 from packrl import EmulationError
 from packrl.emulation import emulate
 from packrl.nativize import nativize
-from spaces_strategies import extreme, nested_spaces, sample
 
 
 class ScriptedParallelEnv(ParallelEnv):

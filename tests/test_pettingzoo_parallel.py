@@ -10,12 +10,12 @@ from magent2.environments import adversarial_pursuit_v4, tiger_deer_v4
 from mpe2 import simple_adversary_v3, simple_tag_v3
 from pettingzoo.butterfly import knights_archers_zombies_v11
 from pettingzoo.sisl import pursuit_v5
+from test_pettingzoo_aec import assert_same_leaves, row_leaves
 
 from packrl import EmulationError
 from packrl.emulation import emulate
 from packrl.nativize import nativize
 from packrl.vector import make as make_vector
-from test_pettingzoo_aec import assert_same_leaves, row_leaves
 
 JUNK = -7  # written into rows whose agent does not act: the wrapper must not read them
 

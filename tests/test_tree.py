@@ -12,12 +12,12 @@ import pytest
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spaces_strategies import INT_DTYPES, discretes, int_boxes, multi_binaries, multi_discretes, nested_spaces
+from spaces_strategies import sample as draw
 
 from packrl import EmulationError
 from packrl.emulation import Layout
 from packrl.emulation.tree import flatten, iter_leaves, map_leaves, unflatten
-from spaces_strategies import INT_DTYPES, discretes, int_boxes, multi_binaries, multi_discretes, nested_spaces
-from spaces_strategies import sample as draw
 
 
 def same(a, b) -> bool:

@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from packrl import EmulationError, EnvError, UsageError, vector
+from packrl import EnvError, UsageError, vector
 from packrl.vector.testing import ScriptedEnv, SeededFailure
 
 SHM = Path("/dev/shm")

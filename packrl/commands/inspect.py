@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def inspect_command(checkpoint: str, as_json: bool = False) -> int:
-    from packrl.checkpoint import CheckpointError, WEIGHTS, checkpoint_folder, read_header, read_metadata, verify
+    from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, read_header, read_metadata, verify
 
     metadata = read_metadata(checkpoint)
     tensors, _ = read_header(checkpoint_folder(checkpoint) / WEIGHTS)

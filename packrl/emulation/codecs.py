@@ -520,7 +520,8 @@ MISSION_MAX_BYTES = 256
 
 def bounded_string(max_length: int = MISSION_MAX_BYTES) -> SpaceBuilder:
     """A builder for ``register_space`` that stores a string space in at most ``max_length`` bytes."""
-    return lambda space: BoundedStringCodec(space, getattr(space, "max_length", max_length) if isinstance(space, BoundedString) else max_length)
+    return lambda space: BoundedStringCodec(
+        space, getattr(space, "max_length", max_length) if isinstance(space, BoundedString) else max_length)
 
 
 register_space(spaces.Box, BoxCodec)

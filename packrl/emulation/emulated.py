@@ -131,7 +131,7 @@ def group_agents(agents: tuple, observation_spaces: dict, action_spaces: dict, r
             act = ActionLayout(action_spaces[agent])
         except EmulationError as err:
             raise EmulationError(f"agent {agent!r}: {err}") from None
-        for g, (o, a) in enumerate(keys):
+        for g, (o, a) in enumerate(keys):  # noqa: B007 - g is the matching group after the break
             if o == obs and a == act:
                 break
         else:

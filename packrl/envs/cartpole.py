@@ -45,10 +45,10 @@ HAS_SINCOS = hasattr(ctypes.CDLL(None), "sincos")
 
 
 @intrinsic
-def _libm_sincos(typingctx, x):  # noqa: ANN001, ANN202 - Numba's intrinsic signature
+def _libm_sincos(typingctx, x):  # noqa: ANN202 - Numba's intrinsic signature
     signature = types.UniTuple(types.float64, 2)(types.float64)
 
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, sig, args):  # noqa: ANN202
         double = ir.DoubleType()
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [double, double.as_pointer(), double.as_pointer()]), "sincos")

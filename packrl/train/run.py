@@ -112,7 +112,8 @@ def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
 
     if policy_config.get("encoder", "layout") != "layout" or policy_config.get("decoder", "default") != "default":
         raise ConfigError("policy.encoder must be 'layout' and policy.decoder 'default' (per-leaf encoders go under "
-                          "[policy.overrides] as 'path/to/leaf' = 'flat' | 'embedding' | 'cnn' | 'nature' | 'impala' | 'cells' | 'words' | 'drop')")
+                          "[policy.overrides] as 'path/to/leaf' = 'flat' | 'embedding' | 'cnn' | 'nature' | 'impala' | "
+                          "'cells' | 'words' | 'drop')")
     overrides = {tuple(_path_key(k) for k in path.split("/")): choice
                  for path, choice in (policy_config.get("overrides") or {}).items()}
     return Policy.from_env(vecenv, network=policy_config["network"], hidden=int(policy_config["hidden"]),
@@ -171,8 +172,7 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
     env's; the architecture is bounded and every tensor's shape checked before a weight is allocated.
     ``render_mode`` is added to the env's kwargs. Every refusal is a CheckpointError naming the file and the field."""
     from packrl import vector
-    from packrl.checkpoint import (METADATA, CheckpointError, checkpoint_folder, compare_layout, tensor_specs,
-                                   verify)
+    from packrl.checkpoint import METADATA, CheckpointError, checkpoint_folder, compare_layout, tensor_specs, verify
     from packrl.train.checkpoint_env import checked_config, is_data_env_id
 
     metadata = verify(path, expected_sha256)

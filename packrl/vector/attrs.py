@@ -76,7 +76,7 @@ def run_block_pickled(envs: list, first: int, request: Request) -> bytes:
     try:
         return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:  # noqa: BLE001
-        for k, value in enumerate(results):
+        for k, value in enumerate(results):  # noqa: B007 - k is the env that failed after the break
             try:
                 pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # noqa: BLE001

@@ -291,7 +291,7 @@ class Multiprocessing(WorkerBackend):
         try:  # every request pickled before any is sent: one that cannot travel reaches no worker
             payloads = [pickle.dumps(request.block(w * per, per), protocol=pickle.HIGHEST_PROTOCOL)
                         for w in range(self.num_workers)]
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - pickling may raise any class
             raise UsageError(f"{request.name!r}: the arguments or values must pickle to reach the workers: {err}") from None
         for w in range(self.num_workers):
             try:
@@ -326,7 +326,7 @@ class Multiprocessing(WorkerBackend):
         """Step or reset the main process's own envs; an env error breaks the vector env."""
         try:
             return fn(*args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             failure = self._runner.failure()
             self._fail(f"main process (pid {os.getpid()}), env {failure.env_index} raised:\n{failure.text}",
                        **failure.fields)
@@ -538,7 +538,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 envs.append(build_env(creator))
                 args.spec.check(envs[-1], args.first_env + k)
             runner = EnvRunner(envs, args.first_env, arrays, args.spec)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             import traceback
 
             _reply(status, w, done, conn, Status.FAILED,
@@ -560,12 +560,12 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                     infos = runner.step()
                 else:
                     infos = runner.reset(int(control[w, 2]) if control[w, 1] else None)
-            except Exception:
+            except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
                 _reply(status, w, done, conn, FAILED, runner.failure())
                 continue
             try:
                 payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
-            except Exception:
+            except Exception:  # noqa: BLE001 - pickling may raise any class
                 _reply(status, w, done, conn, FAILED, _unpicklable(infos))
                 continue
             _reply(status, w, done, conn, DONE_INFO if payload else DONE, payload)
@@ -580,7 +580,7 @@ def _unpicklable(infos: list) -> EnvFailure:
     for index, info in infos:
         try:
             pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:
+        except Exception:  # noqa: BLE001 - pickling may raise any class
             return EnvFailure(index, "its info cannot be sent to the main process (it must pickle):\n"
                               f"{traceback.format_exc()}", raised_name())
     return EnvFailure(infos[0][0], traceback.format_exc(), raised_name())

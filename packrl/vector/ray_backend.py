@@ -92,7 +92,7 @@ class RayWorker:
             self.arrays = plan_buffers(spec, self.num_envs).local()
             # Rows are local (runner first=0); global env indices are first + local index.
             self.runner = EnvRunner(self.envs, 0, self.arrays, spec)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             text, exception = traceback.format_exc(), raised_name()
             self.close()
             return Failure(self.first + k, text, exception)
@@ -107,7 +107,7 @@ class RayWorker:
         try:
             # Env i gets seed + i * copies; the local runner counts from 0, so shift by this block's first env.
             infos = self.runner.reset(None if seed is None else seed + self.first * self.copies)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             return self._failure()
         return self._reply(infos)
 
@@ -116,7 +116,7 @@ class RayWorker:
             self.arrays[name][...] = actions[name]
         try:
             infos = self.runner.step()
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             return self._failure()
         return self._reply(infos)
 

@@ -90,7 +90,7 @@ class Serial(VectorEnv):
     def _run(self, fn: Callable, *args: Any) -> list:
         try:
             return fn(*args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             failure: EnvFailure = self._runner.failure()
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
             self._broken = f"serial backend, env {failure.env_index} raised:\n{failure.text}"
