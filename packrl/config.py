@@ -26,7 +26,8 @@ from packrl.errors import ConfigError
 SECTIONS = ("env", "vec", "policy", "train")
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
 BACKENDS = ("auto", "serial", "multiprocessing", "numba", "ray")
-LEAF_ENCODERS = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words", "drop")
+LEAF_ENCODERS = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words", "drop")  # encoders.CHOICES + "drop"
+# (written out so that the command line starts without torch; tests/test_presets.py checks the two agree)
 
 
 # ---------------------------------------------------------------- ranges

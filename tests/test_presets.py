@@ -122,3 +122,10 @@ def test_train_shows_its_preset_at_the_start(tmp_path, capsys):
     assert rc == 0 and out.splitlines()[0].startswith("preset: classic-control (")
     rc = main(["train", "cartpole", "--preset", "none", "--total-steps", "256", "--no-live", "--out", str(tmp_path / "r2")])
     assert rc == 0 and capsys.readouterr().out.splitlines()[0].startswith("preset: none for 'cartpole'")
+
+
+def test_the_config_lists_exactly_the_encoders_the_models_build():
+    from packrl.config import LEAF_ENCODERS
+    from packrl.models.encoders import CHOICES
+
+    assert LEAF_ENCODERS == (*CHOICES, "drop")

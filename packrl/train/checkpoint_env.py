@@ -10,13 +10,13 @@ import re
 from pathlib import Path
 
 from packrl.checkpoint import CheckpointError
+from packrl.config import LEAF_ENCODERS
 
 MAX_HIDDEN = 1 << 14
 """The largest ``policy.hidden`` a checkpoint may ask for (a 16384-wide layer already holds 10^8 weights per
 matrix); checked before a policy is built."""
 
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
-OVERRIDE_CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words", "drop")
 
 
 def checked_config(metadata: dict, file: Path) -> dict:
@@ -51,8 +51,8 @@ def checked_config(metadata: dict, file: Path) -> dict:
     if policy["encoder"] != "layout" or policy["decoder"] != "default":
         raise bad("policy.encoder", "must be 'layout' and policy.decoder 'default'")
     overrides = policy["overrides"] or {}
-    if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in OVERRIDE_CHOICES for k, v in overrides.items()):
-        raise bad("policy.overrides", f"must map leaf paths to one of {list(OVERRIDE_CHOICES)}")
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in LEAF_ENCODERS for k, v in overrides.items()):
+        raise bad("policy.overrides", f"must map leaf paths to one of {list(LEAF_ENCODERS)}")
     return {**config, "env": env, "policy": policy}
 
 

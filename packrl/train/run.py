@@ -112,8 +112,8 @@ def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
 
     if policy_config.get("encoder", "layout") != "layout" or policy_config.get("decoder", "default") != "default":
         raise ConfigError("policy.encoder must be 'layout' and policy.decoder 'default' (per-leaf encoders go under "
-                          "[policy.overrides] as 'path/to/leaf' = 'flat' | 'embedding' | 'cnn' | 'nature' | 'impala' | "
-                          "'cells' | 'words' | 'drop')")
+                          "[policy.overrides] as 'path/to/leaf' = one of "
+                          f"{', '.join(config_settings.LEAF_ENCODERS)})")
     overrides = {tuple(_path_key(k) for k in path.split("/")): choice
                  for path, choice in (policy_config.get("overrides") or {}).items()}
     return Policy.from_env(vecenv, network=policy_config["network"], hidden=int(policy_config["hidden"]),
