@@ -80,3 +80,25 @@ def print_table(title: str, columns: list[str], rows: list[list[object]]) -> Non
     for row in rows:
         table.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
     Console(width=160).print(table)
+
+
+def summary(values: list) -> str:
+    """``median [min-max]`` of the values that are not None, with ``(k/n)`` when some are (a run that missed)."""
+    found = [v for v in values if v is not None]
+    if not found:
+        return "none"
+    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")
+    share = f" ({len(found)}/{len(values)})" if len(found) < len(values) else ""
+    return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]{share}"
+
+
+def setting_changes(items: list[str]) -> dict:
+    """``--set section.key=value`` items as ``{section: {key: value}}`` (values parsed as the CLI parses them)."""
+    from packrl.train.run import parse_value
+
+    changes: dict = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        changes.setdefault(section, {})[name] = parse_value(value)
+    return changes

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from common import machine_line, print_table
+from common import machine_line, print_table, setting_changes, summary
 
 TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
     "cartpole-gym": ("CartPole-v1", 475.0, 100_000, 20),
@@ -176,14 +176,6 @@ def sb3_run(seed: int, threshold: float, budget: int) -> Result:
     return Result(steps, seconds, float(np.mean(window)), float(mean), int(model.num_timesteps))
 
 
-def summary(values: list) -> str:
-    found = [v for v in values if v is not None]
-    if not found:
-        return "none"
-    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")
-    share = f" ({len(found)}/{len(values)})" if len(found) < len(values) else ""
-    return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]{share}"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -199,13 +191,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the presets of the packrl tasks (a sweep), e.g. train.vf_coef=1.0")
     args = parser.parse_args()
-    from packrl.train.run import parse_value
-
-    changes: dict = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        section, _, name = key.partition(".")
-        changes.setdefault(section, {})[name] = parse_value(value)
+    changes = setting_changes(args.set)
     torch.set_num_threads(1)
     seeds = range(args.first_seed, args.first_seed + (2 if args.quick else args.seeds))
     scale = 0.5 if args.quick else 1.0

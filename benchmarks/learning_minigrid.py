@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from common import machine_line, print_table
+from common import machine_line, print_table, setting_changes, summary
 from torch import nn
 
 THRESHOLD = 0.9
@@ -227,14 +227,6 @@ def torch_ac_run(env_id: str, seed: int, budget: int, flags: dict) -> Result:
 # ---------------------------------------------------------------- report
 
 
-def summary(values: list) -> str:
-    found = [v for v in values if v is not None]
-    if not found:
-        return "none"
-    fmt = (lambda v: f"{v:,.0f}") if max(found) >= 100 else (lambda v: f"{v:.2f}")
-    text = f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]"
-    return text + (f" ({len(found)}/{len(values)})" if len(found) < len(values) else "")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -247,13 +239,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of packrl's preset (a sweep), e.g. policy.network=lstm")
     args = parser.parse_args()
-    from packrl.train.run import parse_value
-
-    changes: dict = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        section, _, name = key.partition(".")
-        changes.setdefault(section, {})[name] = parse_value(value)
+    changes = setting_changes(args.set)
     torch.set_num_threads(1)
     Window.log_every = args.log_every
     seeds = range(args.first_seed, args.first_seed + args.seeds)
