@@ -16,13 +16,7 @@ from packrl.models import Policy
 from packrl.train.evaluate import evaluate
 from packrl.train.ppo import PPO, PPOConfig
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train(env, config: PPOConfig, steps: int, network: str = "mlp", hidden: int = 64):

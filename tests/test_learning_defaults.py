@@ -4,7 +4,6 @@ The config is what the command resolves (``packrl.config.resolve``: defaults < p
 are built as the training session builds them. benchmarks/learning.py measures the same runs over seeds,
 with time to threshold and SB3 side by side."""
 import pytest
-import torch
 
 from packrl import config as settings
 from packrl import vector
@@ -21,12 +20,7 @@ def train_with_defaults(env_id: str, steps: int, seed: int = 0):
     return ppo.policy, preset
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_numba_cartpole_defaults_solve_it_in_the_default_100k_steps():

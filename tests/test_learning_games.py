@@ -4,20 +4,13 @@ against a uniformly random legal opponent (packrl.train.versus), bounded by agen
 benchmarks/learning.py --tasks connect_four,tictactoe measures the same runs over seeds to the issue's
 thresholds (connect four win >= 0.9, tictactoe win + draw >= 0.9)."""
 import pytest
-import torch
 from pettingzoo.classic import connect_four_v3
 
 from packrl import config as settings
 from packrl.train.run import build_ppo
 from packrl.train.versus import versus_random
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.slow

@@ -5,19 +5,12 @@ from collections import deque
 
 import numpy as np
 import pytest
-import torch
 
 from packrl import config as settings
 from packrl.train.ppo import EpisodeTracker
 from packrl.train.run import build_ppo
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def frames_to_mean(env_id: str, threshold: float, budget: int, seed: int = 0,
