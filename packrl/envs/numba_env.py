@@ -53,11 +53,10 @@ from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError
 
 PARALLEL_MIN_ENVS = 1024
-"""Below this many copies ``threads=None`` steps them in one serial loop. Measured with CartPole on
-the 2-core project machine when idle (load < 1): 2 threads / serial = 0.52 at 256 copies, 0.69 at
-512, 1.24 at 1024, 1.62 at 2048, 1.23-1.47 at 4096 (benchmarks/numba_envs.py, "serial vs
-threaded"). On the same machine under load 5-7 threads lost everywhere up to 65536 copies (a fork-join
-waits for whichever thread was descheduled): on a shared machine pass ``threads=1``."""
+"""Below this many copies ``threads=None`` steps them in one serial loop: the crossover of 2 threads
+against the serial loop with CartPole on an idle 2-core machine (benchmarks/README.md, numba_envs.py).
+Where other jobs hold the cores, a fork-join waits for whichever thread was descheduled: pass
+``threads=1`` there."""
 
 
 # ---------------------------------------------------------------- the user contract

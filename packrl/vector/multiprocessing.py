@@ -2,19 +2,17 @@
 
 Split (EnvPool-style): when every env steps at once, the main process would only wait, so by
 default it steps an equal share of the envs itself while ``cores - 1`` workers step the rest;
-on 2 cores that is one worker and two busy processes, not three on two cores (measured in
-benchmarks/README.md: ``num_workers=2`` there is 0.36-0.46x serial on CartPole at 8 envs).
+on 2 cores that is one worker and two busy processes, not three on two cores.
 
-Signalling (measured in benchmarks/vector.py ``--spins``): each worker sleeps on its own
-semaphore and every finished command posts one shared ``done`` semaphore. A POSIX semaphore
-post costs no system call when nobody sleeps on it, but waking a sleeper costs tens of
-microseconds on each side (measured: a 60 us + 60 us ping-pong takes 62 us with spinning, 130 us
-with blocking waits, on a 2-core VM). So each side first spins on non-blocking ``acquire``
+Signalling: each worker sleeps on its own semaphore and every finished command posts one shared
+``done`` semaphore. A POSIX semaphore post costs no system call when nobody sleeps on it, but waking
+a sleeper costs tens of microseconds on each side. So each side first spins on non-blocking ``acquire``
 calls, then blocks in the kernel. Spinning adapts (``Spinner``): a spin that fails is skipped
 for the next 1, 2, 4, ... 64 waits, so when the cores are shared with other work (more runnable
 processes than cores) the waiting process stops burning the time slice the other side needs.
 Blocking waits time out every ``POLL_S`` to notice a dead worker (or, in a worker, a dead
-parent).
+parent). The numbers behind these choices: benchmarks/README.md, "vector.py, multiprocessing on 2 shared
+cores" and "mp_waits.py".
 """
 from __future__ import annotations
 
