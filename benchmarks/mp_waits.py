@@ -13,17 +13,15 @@ Usage: python benchmarks/mp_waits.py [--envs CartPole-v1] [--sizes 8,64] [--spin
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line
-from vector import ENVS, busy_cpu_s, make_vectorizer, own_cpu_s
+from vector import ENVS, make_vectorizer, timed_round, vectorizer_pids
 
 
 def _blocked_share(before: dict, after: dict, who: str) -> tuple[float, int]:
@@ -37,7 +35,7 @@ def run(env_name: str, n: int, spins: list[str], rounds: int, seconds: float) ->
     names = ["packrl serial"] + [f"packrl mp spin {s}" for s in spins]
     built = {name: make_vectorizer(name, ENVS[env_name], n) for name in names}
     actions = np.zeros(n, np.int64)
-    pids = {name: [os.getpid(), *getattr(v, "worker_pids", [])] for name, (v, _, _) in built.items()}
+    pids = {name: vectorizer_pids(v) for name, (v, _, _) in built.items()}
     rates: dict[str, list[float]] = {name: [] for name in names}
     cells: dict[str, list[str]] = {name: [] for name in names}
     try:
@@ -47,16 +45,9 @@ def run(env_name: str, n: int, spins: list[str], rounds: int, seconds: float) ->
         for _ in range(rounds):
             for name, (v, step, _) in built.items():
                 counts = v.wait_counts() if hasattr(v, "wait_counts") else None
-                machine, own = busy_cpu_s(), own_cpu_s(pids[name])
-                steps, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    for _ in range(10):
-                        step(actions)
-                    steps += 10
-                wall = time.perf_counter() - start
-                other = (busy_cpu_s() - machine - own_cpu_s(pids[name]) + own) / wall
-                rates[name].append(steps * n / wall)
-                cell = f"{steps * n / wall / 1e3:.0f}k@{other:.1f}"
+                rate, other = timed_round(step, actions, n, seconds, pids[name])
+                rates[name].append(rate)
+                cell = f"{rate / 1e3:.0f}k@{other:.1f}"
                 if counts is not None:
                     after = v.wait_counts()
                     main, _ = _blocked_share(counts, after, "main")

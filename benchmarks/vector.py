@@ -121,20 +121,31 @@ def action_batch(name: str, creator, n: int) -> Any:
 
 
 def agent_steps_per_s(name: str, creator, n: int, seconds: float, repeats: int) -> list[float]:
-    _, step, close = make_vectorizer(name, creator, n)
+    v, step, close = make_vectorizer(name, creator, n)
     actions = action_batch(name, creator, n)
     for _ in range(20):  # warm up (first-call compiles, page faults)
         step(actions)
-    rates = []
-    for _ in range(repeats):
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(10):
-                step(actions)
-            steps += 10
-        rates.append(steps * n / (time.perf_counter() - start))
+    rates = [timed_round(step, actions, n, seconds, vectorizer_pids(v))[0] for _ in range(repeats)]
     close()
     return rates
+
+
+def vectorizer_pids(v: Any) -> list[int]:
+    """This process and the vectorizer's workers (what its own CPU time is read from)."""
+    return [os.getpid(), *getattr(v, "worker_pids", [])]
+
+
+def timed_round(step, actions: Any, n: int, seconds: float, pids: list[int]) -> tuple[float, float]:
+    """``step(actions)`` for about ``seconds``, in tens: (agent-steps/s, cores that other jobs than
+    ``pids`` kept busy meanwhile; Linux, coarse: 10 ms ticks)."""
+    machine, own = busy_cpu_s(), own_cpu_s(pids)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            step(actions)
+        steps += 10
+    wall = time.perf_counter() - start
+    return steps * n / wall, (busy_cpu_s() - machine - own_cpu_s(pids) + own) / wall
 
 
 def busy_cpu_s() -> float:
@@ -162,23 +173,16 @@ def interleaved(names: list[str], creator, n: int, seconds: float, rounds: int,
     built = {name: make_vectorizer(name, creator, n) for name in names}
     batches = {name: action_batch(name, creator, n) for name in names}
     rates: dict[str, list[float]] = {name: [] for name in names}
-    pids = {name: [os.getpid(), *getattr(v, "worker_pids", [])] for name, (v, _, _) in built.items()}
+    pids = {name: vectorizer_pids(v) for name, (v, _, _) in built.items()}
     try:
         for name, (_, step, _) in built.items():
             for _ in range(20):
                 step(batches[name])
         for _ in range(rounds):
             for name, (_, step, _) in built.items():
-                actions = batches[name]
-                machine, own = busy_cpu_s(), own_cpu_s(pids[name])
-                steps, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    for _ in range(10):
-                        step(actions)
-                    steps += 10
-                wall = time.perf_counter() - start
-                rates[name].append(steps * n / wall)
-                other.setdefault(name, []).append((busy_cpu_s() - machine - own_cpu_s(pids[name]) + own) / wall)
+                rate, busy = timed_round(step, batches[name], n, seconds, pids[name])
+                rates[name].append(rate)
+                other.setdefault(name, []).append(busy)
     finally:
         for _, _, close in built.values():
             close()
