@@ -397,59 +397,68 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return native(spec, disc, cont, wide);
 }
 
-/* The parts of a batch: disc (rows, ndisc) int64 and cont (rows, ncont) float32/64 (None where the
-   form has no such part). 0: taken; 1: not taken. */
-static int batch_parts(const ActSpec *spec, PyObject *dobj, PyObject *cobj, const char **disc, const char **cont,
-                       int *wide, npy_intp *rows) {
+/* A batch of policy actions: disc (rows, ndisc) int64 and cont (rows, ncont) float32/64 (NULL where the
+   form has no such part). */
+typedef struct {
+    const ActSpec *spec;
+    const char *disc, *cont;
+    int wide;
+    npy_intp rows;
+} Batch;
+
+/* check_rows' and decode_rows' arguments (spec, disc, cont) as a Batch. -1: an error is set; 1: not taken
+   (the caller returns None); 0: taken. */
+static int batch_arg(PyObject *const *args, Py_ssize_t nargs, const char *usage, Batch *b) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if ((b->spec = spec_arg(args[0])) == NULL) return -1;
     int ignored;
-    *rows = -1;
-    *disc = *cont = NULL;
-    if (spec->form != CONTINUOUS && (*disc = rows_of(dobj, spec->ndisc, 'i', &ignored, rows)) == NULL) return 1;
-    if (spec->form != DISCRETE && (*cont = rows_of(cobj, spec->ncont, 'f', wide, rows)) == NULL) return 1;
+    b->rows = -1;
+    b->disc = b->cont = NULL;
+    b->wide = 0;
+    if (b->spec->form != CONTINUOUS && (b->disc = rows_of(args[1], b->spec->ndisc, 'i', &ignored, &b->rows)) == NULL)
+        return 1;
+    if (b->spec->form != DISCRETE && (b->cont = rows_of(args[2], b->spec->ncont, 'f', &b->wide, &b->rows)) == NULL)
+        return 1;
     return 0;
 }
 
+static const int64_t *row_disc(const Batch *b, npy_intp r) {
+    return b->disc ? (const int64_t *)b->disc + r * b->spec->ndisc : NULL;
+}
+
+static const char *row_cont(const Batch *b, npy_intp r) {
+    return b->cont ? b->cont + r * (size_t)b->spec->ncont * (b->wide ? 8 : 4) : NULL;
+}
+
 /* The first row outside the space, or -1. */
-static npy_intp first_bad(const ActSpec *spec, const char *disc, const char *cont, int wide, npy_intp rows) {
-    size_t cstride = (size_t)spec->ncont * (wide ? 8 : 4);
-    for (npy_intp r = 0; r < rows; r++)
-        if (!inside(spec, disc ? (const int64_t *)disc + r * spec->ndisc : NULL, cont ? cont + r * cstride : NULL, wide))
-            return r;
+static npy_intp first_bad(const Batch *b) {
+    for (npy_intp r = 0; r < b->rows; r++)
+        if (!inside(b->spec, row_disc(b, r), row_cont(b, r), b->wide)) return r;
     return -1;
 }
 
 static PyObject *check_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "check_rows(spec, disc, cont)");
-        return NULL;
-    }
-    ActSpec *spec = spec_arg(args[0]);
-    if (spec == NULL) return NULL;
-    const char *disc, *cont;
-    int wide = 0;
-    npy_intp rows;
-    if (batch_parts(spec, args[1], args[2], &disc, &cont, &wide, &rows)) Py_RETURN_NONE;
-    return PyLong_FromSsize_t((Py_ssize_t)first_bad(spec, disc, cont, wide, rows));
+    Batch b;
+    int taken = batch_arg(args, nargs, "check_rows(spec, disc, cont)", &b);
+    if (taken < 0) return NULL;
+    if (taken > 0) Py_RETURN_NONE;
+    return PyLong_FromSsize_t((Py_ssize_t)first_bad(&b));
 }
 
 static PyObject *decode_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "decode_rows(spec, disc, cont)");
-        return NULL;
-    }
-    ActSpec *spec = spec_arg(args[0]);
-    if (spec == NULL) return NULL;
-    const char *disc, *cont;
-    int wide = 0;
-    npy_intp rows;
-    if (batch_parts(spec, args[1], args[2], &disc, &cont, &wide, &rows)) Py_RETURN_NONE;
-    npy_intp bad = first_bad(spec, disc, cont, wide, rows);
+    Batch b;
+    int taken = batch_arg(args, nargs, "decode_rows(spec, disc, cont)", &b);
+    if (taken < 0) return NULL;
+    if (taken > 0) Py_RETURN_NONE;
+    npy_intp bad = first_bad(&b);
     if (bad >= 0) return PyLong_FromSsize_t((Py_ssize_t)bad);
-    PyObject *out = PyList_New(rows);
+    PyObject *out = PyList_New(b.rows);
     if (out == NULL) return NULL;
-    size_t cstride = (size_t)spec->ncont * (wide ? 8 : 4);
-    for (npy_intp r = 0; r < rows; r++) {
-        PyObject *v = native(spec, disc ? (const int64_t *)disc + r * spec->ndisc : NULL, cont ? cont + r * cstride : NULL, wide);
+    for (npy_intp r = 0; r < b.rows; r++) {
+        PyObject *v = native(b.spec, row_disc(&b, r), row_cont(&b, r), b.wide);
         if (v == NULL) {
             Py_DECREF(out);
             return NULL;
