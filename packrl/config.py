@@ -126,6 +126,8 @@ class PolicyConfig:
         "observation encoder: the Layout encoder (each leaf by its kind; per-leaf choices in policy.overrides)"))
     network: Literal["mlp", "lstm", "gru", "mingru"] = field(default="mlp", metadata=_meta("core network"))
     hidden: int = field(default=128, metadata=_meta("hidden width of the encoder and network", POSITIVE_INT))
+    critic: Literal["shared", "separate"] = field(default="shared", metadata=_meta(
+        "the value head's trunk: shared with the actor, or separate (its own encoder and mlp; mlp network only)"))
     decoder: Literal["default"] = field(default="default", metadata=_meta(
         "action heads from the action layout (masked when the env has an action mask)"))
     overrides: dict = field(default_factory=dict, metadata=_meta(
@@ -449,6 +451,9 @@ def check_combination(config: dict) -> None:
     if policy.get("network", "mlp") != "mlp" and horizon and num_steps % horizon:
         raise ConfigError(f"train.bptt_horizon = {horizon} must divide train.num_steps = {num_steps} "
                           f"(the {policy['network']} network trains on segments of bptt_horizon steps)")
+    if policy.get("critic", "shared") == "separate" and policy.get("network", "mlp") != "mlp":
+        raise ConfigError(f"policy.critic = 'separate' needs policy.network = 'mlp', not {policy['network']!r} "
+                          "(a recurrent core's state belongs to one trunk)")
 
 
 def _ppo_default(name: str) -> Any:

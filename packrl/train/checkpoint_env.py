@@ -17,6 +17,7 @@ MAX_HIDDEN = 1 << 14
 matrix); checked before a policy is built."""
 
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
+CRITICS = ("shared", "separate")
 
 
 def checked_config(metadata: dict, file: Path) -> dict:
@@ -45,6 +46,10 @@ def checked_config(metadata: dict, file: Path) -> dict:
         raise bad("env.api", f"is {env['api']!r}; expected auto, parallel or aec")
     if policy["network"] not in NETWORKS:
         raise bad("policy.network", f"is {policy['network']!r}; expected one of {list(NETWORKS)}")
+    if policy["critic"] not in CRITICS:
+        raise bad("policy.critic", f"is {policy['critic']!r}; expected one of {list(CRITICS)}")
+    if policy["critic"] == "separate" and policy["network"] != "mlp":
+        raise bad("policy.critic", f"is 'separate' with network {policy['network']!r}; a separate critic needs 'mlp'")
     hidden = policy["hidden"]
     if type(hidden) is not int or not 1 <= hidden <= MAX_HIDDEN:
         raise bad("policy.hidden", f"is {hidden!r}; expected an integer from 1 to {MAX_HIDDEN}")

@@ -37,7 +37,7 @@ from packrl.train.distributed import (
     broadcast_parameters,
     rank_and_world,
 )
-from packrl.train.optimizer import adam, clip_grad_norm, zero_grad
+from packrl.train.optimizer import adam
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -421,11 +421,11 @@ class PPO:
                 mb = order[first:first + minibatch_size]
                 mask = None if all_acting else b["masks"][mb]
                 loss, terms, logratio = self.minibatch_loss(b, mb, mask)
-                zero_grad(params)
+                self.optimizer.zero_grad()
                 loss.backward()
                 if self.world > 1:
                     average_gradients(params)
-                grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+                grad_norm = self.optimizer.clip_grad_norm(cfg.max_grad_norm)
                 self.optimizer.step()
                 losses.append((*terms, grad_norm))
                 kl_parts.append((logratio, mask))
