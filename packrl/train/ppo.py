@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 from torch import nn
@@ -104,14 +105,15 @@ class EpisodeTracker:
         self.returns = np.zeros(self.num_rows, np.float64)
         self.lengths = np.zeros(self.num_rows, np.int64)
 
-    def step(self, rewards: np.ndarray, ended: np.ndarray, acted: np.ndarray) -> None:
-        self.returns += rewards
-        self.lengths += acted
-        if ended.any():
-            for row in np.flatnonzero(ended):
-                self.finished.append((float(self.returns[row]), int(self.lengths[row]), int(row)))
-            self.returns[ended] = 0.0
-            self.lengths[ended] = 0
+    def record(self, rewards: np.ndarray, ended: np.ndarray, acted: np.ndarray) -> None:
+        """A rollout's ``(T, rows)`` rewards, episode ends and acting masks, step by step in order: each row's
+        return and length accumulate, and an ended episode is appended to ``finished`` (one kernel call per
+        rollout, where a per-step update cost every env step a few numpy calls)."""
+        capacity = int(np.count_nonzero(ended))
+        out_returns, out_lengths = np.empty(capacity, np.float64), np.empty(capacity, np.int64)
+        out_rows = np.empty(capacity, np.int64)
+        _record_episodes(rewards, ended, acted, self.returns, self.lengths, out_returns, out_lengths, out_rows)
+        self.finished.extend(zip(out_returns.tolist(), out_lengths.tolist(), out_rows.tolist()))
 
     def pop(self) -> dict[str, float]:
         """The statistics of the episodes ended since the last pop: count, mean return and length, and
@@ -127,6 +129,20 @@ class EpisodeTracker:
                 per_agent.setdefault(str(self.agents[row]), []).append(ret)
             stats.update({f"episode_return/{agent}": float(np.mean(r)) for agent, r in per_agent.items()})
         return stats
+
+
+@numba.njit(cache=True, nogil=True)
+def _record_episodes(rewards: np.ndarray, ended: np.ndarray, acted: np.ndarray, returns: np.ndarray,
+                     lengths: np.ndarray, out_returns: np.ndarray, out_lengths: np.ndarray, out_rows: np.ndarray) -> None:
+    k = 0
+    for t in range(rewards.shape[0]):
+        for row in range(rewards.shape[1]):
+            returns[row] += rewards[t, row]
+            lengths[row] += acted[t, row]
+            if ended[t, row]:
+                out_returns[k], out_lengths[k], out_rows[k] = returns[row], lengths[row], row
+                returns[row], lengths[row] = 0.0, 0
+                k += 1
 
 
 def row_agents(vecenv: Any) -> tuple | None:
@@ -251,6 +267,13 @@ class PPO:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _rollout_forward(self, x: torch.Tensor, state: Any, done: torch.Tensor) -> tuple:
+        """``forward_eval`` under ``_autocast``, without entering a context per step when there is none."""
+        if not self.config.bf16:
+            return self.forward_eval(x, state, done)
+        with self._autocast():
+            return self.forward_eval(x, state, done)
+
     @torch.no_grad()
     def collect(self) -> dict[str, float]:
         """Fill storage with ``num_steps`` steps of every row (the steps in inference mode: no autograd bookkeeping)."""
@@ -260,14 +283,12 @@ class PPO:
             slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
         self.segment_states = []
         recurrent = self.recurrent
-        numpy_masks = self._numpy["mask"] if self._numpy is not None else None
         with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
             for t in range(T):
                 obs_t, start_t, logprob_t, value_t = self._step_views[t]
                 if recurrent and t % self.horizon == 0:
                     self.segment_states.append(tuple(s.clone() for s in self.state))
-                with self._autocast():
-                    logits, value, self.state = self.forward_eval(obs_t, self.state, start_t)
+                logits, value, self.state = self._rollout_forward(obs_t, self.state, start_t)
                 dist_ = decoder.distribution(logits.float())
                 if hasattr(dist_, "sample_with_log_prob"):
                     action, logprob = dist_.sample_with_log_prob()
@@ -278,16 +299,13 @@ class PPO:
                 value_t.copy_(value.reshape(-1))
                 self._store_actions(t, action)
 
-                # the rows that acted on this step's observation
-                acting = numpy_masks[t] if numpy_masks is not None else env.masks.copy()
                 obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
                 terminals, truncations = np.asarray(terminals), np.asarray(truncations)
                 self._put(t, "reward", rewards)
                 self._put(t, "terminal", terminals)
                 self._put(t, "truncation", truncations)
                 ended = np.logical_or(terminals, truncations)
-                self.episodes.step(rewards, ended, acting)
-                if truncations.any() and (truncated := np.flatnonzero(truncations & ~terminals)).size:
+                if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
                     self.final_values[t] = 0.0
                     self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
                 self._put(t + 1, "obs", obs)
@@ -301,6 +319,8 @@ class PPO:
             self.values, self.rewards, self.terminals, self.truncations, self.masks, self.next_value,
             self._slots["mask"][T])
         self._check_env_values()
+        self.episodes.record(*(np.ascontiguousarray(x.cpu().numpy()) for x in
+                               (self.rewards, self.terminals | self.truncations, self.masks)))
         acted = int(self.masks.sum())
         acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
