@@ -431,14 +431,17 @@ class PPO:
         # With no row left out (single-agent envs), masked means are plain means: one host sync here
         # saves a where and a division in every mean of every minibatch.
         all_acting = bool(self.train_masks.all())
+        # One minibatch is the whole batch: a shuffle would only reorder the terms of its means, so it is read
+        # in place (no permutation drawn, no gathered copies).
+        whole = minibatch_size >= num_segments
         losses, kl_parts, positions = [], [], []  # per minibatch, tensors until the end: one host sync
         for epoch in range(cfg.update_epochs):
             if cfg.vtrace and epoch > 0:
                 advantages, returns = self.advantages(self._current_ratios(b))
             b["advantages"], b["returns"] = self._segments(advantages), self._segments(returns)
-            order = torch.randperm(num_segments, device=self.device)
+            order = None if whole else torch.randperm(num_segments, device=self.device)
             for first in range(0, num_segments, minibatch_size):
-                mb = order[first:first + minibatch_size]
+                mb = slice(None) if order is None else order[first:first + minibatch_size]
                 mask = None if all_acting else b["masks"][mb]
                 loss, terms, logratio = self.minibatch_loss(b, mb, mask)
                 self.optimizer.zero_grad()
@@ -454,7 +457,7 @@ class PPO:
                 break
         return self._update_statistics(params, losses, kl_parts, positions, returns, start_time)
 
-    def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor, mask: torch.Tensor | None
+    def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor | slice, mask: torch.Tensor | None
                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
         """CleanRL's PPO loss on the segments ``mb`` of the batch ``b``: ``(loss, (pg_loss, v_loss, entropy),
         logratio)``. ``mask`` (the rows that acted) weighs every mean; None: every row counts."""
@@ -662,7 +665,7 @@ def _minibatch_means(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     return torch.where(mask, x, 0.0).sum(dims) / mask.sum(dims).clamp(min=1)
 
 
-def _index(actions: Any, idx: torch.Tensor) -> Any:
+def _index(actions: Any, idx: torch.Tensor | slice) -> Any:
     return {k: v[idx] for k, v in actions.items()} if isinstance(actions, dict) else actions[idx]
 
 
