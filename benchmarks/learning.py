@@ -7,8 +7,10 @@ the last 200, its 32 envs end dozens of short episodes per iteration), within th
 step budget; the first crossing gives the steps and seconds to threshold, and the run goes on to the
 budget, whose policy then plays a 20-episode greedy evaluation (does it stay solved?). SB3 PPO runs with
 rl-baselines3-zoo's CartPole-v1 hyperparameters (hyperparams/ppo.yml) on 8 gymnasium envs and meets the threshold on the
-same rule, to the same budget. Every contender uses one torch thread (`torch.set_num_threads(1)`) and runs alone, one after
-the other, in this process.
+same rule, to the same budget. So does the CleanRL-style single file (benchmarks/train.py's ``cleanrl_ppo``, CleanRL's
+ppo.py loop and Agent): ``cleanrl-zoo`` with the same zoo hyperparameters (like-for-like implementation speed),
+``cleanrl-defaults`` with ppo.py's own (CleanRL trains CartPole for 500k steps with them: ``--budget 500000``).
+Every contender uses one torch thread (`torch.set_num_threads(1)`) and runs alone, one after the other, in this process.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/learning.py [--quick] [--seeds 3] [--tasks cartpole-gym,...]
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from common import machine_line, print_table, setting_changes, summary
+from train import CleanRLArgs, cleanrl_ppo
 
 TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
     "cartpole-gym": ("CartPole-v1", 475.0, 100_000, 20),
@@ -91,6 +94,57 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     steps, seconds = hit[0] if hit else (None, None)
     return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(np.mean(returns)),
                   ppo.global_step)
+
+
+# rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1, as sb3_run and packrl's classic-control preset take them:
+# 8 envs, n_steps 32, batch 256 (one minibatch), gae_lambda 0.8, gamma 0.98, 20 epochs, ent_coef 0, learning rate
+# linear from 1e-3; clip 0.2 kept fixed (zoo: linear from 0.2; CleanRL's loop has no clip schedule, packrl keeps it
+# fixed too), no value clipping (SB3's clip_range_vf=None); vf_coef and max_grad_norm are SB3's defaults
+ZOO_CARTPOLE = CleanRLArgs(num_envs=8, num_steps=32, learning_rate=1e-3, anneal_lr=True, gamma=0.98, gae_lambda=0.8,
+                           num_minibatches=1, update_epochs=20, clip_coef=0.2, clip_vloss=False, ent_coef=0.0,
+                           vf_coef=0.5, max_grad_norm=0.5)
+CLEANRL = {  # name: (row label, arguments)
+    "cleanrl-zoo": ("CleanRL-style file, zoo hyperparameters, CartPole-v1", ZOO_CARTPOLE),
+    "cleanrl-defaults": ("CleanRL-style file, ppo.py defaults, CartPole-v1", CleanRLArgs()),
+}
+
+
+def cleanrl_run(args: CleanRLArgs, seed: int, threshold: float, budget: int) -> Result:
+    """The CleanRL-style file to ``budget`` steps, the threshold checked after each iteration on the last 20
+    finished training episodes; the seconds count from before the env construction, as packrl's and SB3's do."""
+    window: deque = deque(maxlen=20)
+    hit: list = []
+    start = time.perf_counter()
+
+    def callback(global_step: int, returns: list[float]) -> None:
+        window.extend(returns)
+        if not hit and len(window) == 20 and np.mean(window) >= threshold:
+            hit.append((global_step, time.perf_counter() - start))
+
+    agent, total_steps, _ = cleanrl_ppo(budget, seed, args, callback)
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, float(np.mean(window)) if window else float("nan"),
+                  float(np.mean(greedy_returns(agent, 20, seed=10_000))), total_steps)
+
+
+def greedy_returns(agent: torch.nn.Module, episodes: int, seed: int) -> list[float]:
+    """Returns of ``episodes`` episodes of a fresh gymnasium CartPole-v1 (reset with seed, seed + 1, ...), each
+    action the argmax of the agent's actor logits."""
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            with torch.no_grad():
+                action = int(agent.actor(torch.as_tensor(obs, dtype=torch.float32)).argmax())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
 
 
 GAMES = {  # name: (env id, threshold, the rate that must reach it, default step budget, steps between checks)
@@ -182,7 +236,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--budget", type=int, default=None, help="agent steps per run for every task (default: the task's)")
-    parser.add_argument("--tasks", default=",".join(TASKS) + ",sb3-cartpole",
+    parser.add_argument("--tasks", default=",".join([*TASKS, "sb3-cartpole", *CLEANRL]),
                         help="also: tictactoe, connect_four (minutes a seed, so not in the default set)")
     parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
     parser.add_argument("--network", choices=("preset", "sb3"), default="preset",
@@ -191,6 +245,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the presets of the packrl tasks (a sweep), e.g. train.vf_coef=1.0")
     args = parser.parse_args()
+    unknown = [t for t in args.tasks.split(",") if t not in {*TASKS, *GAMES, "sb3-cartpole", *CLEANRL}]
+    if unknown:
+        parser.error(f"--tasks: unknown task {unknown[0]!r} (known: {', '.join([*TASKS, 'sb3-cartpole', *CLEANRL, *GAMES])})")
     changes = setting_changes(args.set)
     torch.set_num_threads(1)
     seeds = range(args.first_seed, args.first_seed + (2 if args.quick else args.seeds))
@@ -209,6 +266,10 @@ def main() -> None:
         elif task == "sb3-cartpole":
             name, threshold, budget = "SB3 zoo, CartPole-v1", 475.0, args.budget or int(100_000 * scale)
             results = [sb3_run(seed, threshold, budget) for seed in seeds]
+        elif task in CLEANRL:
+            (name, cleanrl_args), threshold = CLEANRL[task], 475.0
+            budget = args.budget or int(100_000 * scale)
+            results = [cleanrl_run(cleanrl_args, seed, threshold, budget) for seed in seeds]
         else:
             env_id, threshold, budget, window = TASKS[task]
             budget = args.budget or int(budget * scale)
@@ -225,11 +286,11 @@ def main() -> None:
                      summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])])
     print_table("Steps and seconds to threshold: median [min-max]", ["contender", "threshold", "solved", "steps",
                 "seconds", "final moving mean", "final eval"], rows)
-    base = medians.get("sb3-cartpole")
-    if base and np.isfinite(base):
-        for task in ("cartpole-gym", "cartpole-numba"):
-            if task in medians and np.isfinite(medians[task]):
-                print(f"wall to threshold, {task} / SB3 zoo: {medians[task] / base:.2f}x (median / median)")
+    anchors = {"sb3-cartpole": "SB3 zoo", "cleanrl-zoo": "CleanRL-style file, zoo"}
+    pairs = [(task, anchor) for anchor in anchors for task in ("cartpole-gym", "cartpole-numba")]
+    for task, anchor in [*pairs, ("cleanrl-zoo", "sb3-cartpole")]:
+        if np.isfinite(medians.get(task, np.nan)) and np.isfinite(medians.get(anchor, np.nan)):
+            print(f"wall to threshold, {task} / {anchors[anchor]}: {medians[task] / medians[anchor]:.2f}x (median / median)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Agent steps per second of whole training (rollout + update) on CartPole. Every r
 same PPO hyperparameters: num_envs, 128 steps, 4 epochs x 4 minibatches, Adam 2.5e-4, 64 hidden units.
 
 - cleanrl-style: gymnasium SyncVectorEnv + CleanRL's Agent (separate actor and critic, two Tanh layers
-  of 64 each), CleanRL's ppo.py loop;
+  of 64 each), CleanRL's ppo.py loop (``cleanrl_ppo``, its arguments in ``CleanRLArgs``; benchmarks/learning.py
+  runs the same loop to a return threshold);
 - sb3: stable-baselines3 PPO("MlpPolicy", net_arch [64, 64]) on its DummyVecEnv;
 - packrl ..., cleanrl net: packrl PPO with CleanRL's Agent network inside a packrl Policy (the raw
   observation, no scaling, into the same actor and critic with the same init): the same network;
@@ -24,10 +25,13 @@ Targets (issue 21): >= 2x cleanrl-style with the gymnasium env, >= 4x with the N
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -41,6 +45,26 @@ NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES, HIDDEN, LR = 8, 128, 4, 4, 64, 2.5e-4
 
 
 # ---------------------------------------------------------------- CleanRL-style single-file PPO
+
+
+@dataclass(frozen=True)
+class CleanRLArgs:
+    """CleanRL ppo.py's PPO arguments, with its defaults (it trains CartPole-v1 for 500k steps with them)."""
+
+    num_envs: int = 4
+    num_steps: int = 128
+    learning_rate: float = 2.5e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
 
 
 def _layer(i: int, o: int, std: float = np.sqrt(2)) -> nn.Linear:
@@ -67,60 +91,117 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def cleanrl_ppo(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
-    NUM_ENVS = num_envs
+def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs(),
+                callback: Callable[[int, list[float]], object] | None = None) -> tuple[Agent, int, float]:
+    """CleanRL's ppo.py on CartPole-v1, top to bottom. ``callback(global_step, returns)`` after each iteration's
+    update, with the returns of the episodes that ended during its rollout. Returns the agent, the steps taken
+    (whole iterations: total_steps // batch_size of them) and the loop's seconds (env construction and the
+    first reset left out)."""
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = total_steps // batch_size
+    random.seed(seed)
+    np.random.seed(seed)
     torch.manual_seed(seed)
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(NUM_ENVS)])
-    agent = Agent(4, 2)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=LR, eps=1e-5)
-    obs = torch.zeros((NUM_STEPS, NUM_ENVS, 4))
-    actions = torch.zeros((NUM_STEPS, NUM_ENVS))
-    logprobs, rewards, dones, values = (torch.zeros((NUM_STEPS, NUM_ENVS)) for _ in range(4))
-    batch_size = NUM_ENVS * NUM_STEPS
-    minibatch_size = batch_size // MINIBATCHES
+
+    # ppo.py was written for gymnasium 0.29, whose vector envs reset a finished env within the same step; 1.x
+    # defaults to resetting on the next step and ignoring that step's action, which its dones bookkeeping
+    # does not expect
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    agent = Agent(obs_dim, n_actions)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim))
+    actions = torch.zeros((args.num_steps, args.num_envs))
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs)) for _ in range(4))
+
+    global_step = 0
     next_obs = torch.Tensor(envs.reset(seed=seed)[0])
-    next_done = torch.zeros(NUM_ENVS)
+    next_done = torch.zeros(args.num_envs)
+    episode_return = np.zeros(args.num_envs)  # what RecordEpisodeStatistics sums in ppo.py
     start = time.perf_counter()
-    for _ in range(total_steps // batch_size):
-        for step in range(NUM_STEPS):
+    for iteration in range(1, num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        finished: list[float] = []
+        for step in range(args.num_steps):
+            global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
             values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
-            next_obs, reward, term, trunc, _ = envs.step(action.numpy())
+            next_obs, reward, terminations, truncations, _ = envs.step(action.numpy())
+            next_done = np.logical_or(terminations, truncations)
             rewards[step] = torch.tensor(reward)
-            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(np.logical_or(term, trunc))
+            episode_return += reward
+            if next_done.any():
+                finished.extend(episode_return[next_done].tolist())
+                episode_return[next_done] = 0.0
+            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
+
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
             advantages = torch.zeros_like(rewards)
             lastgaelam = 0
-            for t in reversed(range(NUM_STEPS)):
-                nextnonterminal = 1.0 - (next_done if t == NUM_STEPS - 1 else dones[t + 1])
-                nextvalues = next_value if t == NUM_STEPS - 1 else values[t + 1]
-                delta = rewards[t] + 0.99 * nextvalues * nextnonterminal - values[t]
-                advantages[t] = lastgaelam = delta + 0.99 * 0.95 * nextnonterminal * lastgaelam
+            for t in reversed(range(args.num_steps)):
+                nextnonterminal = 1.0 - (next_done if t == args.num_steps - 1 else dones[t + 1])
+                nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
             returns = advantages + values
-        b_obs, b_logprobs, b_actions = obs.reshape(-1, 4), logprobs.reshape(-1), actions.reshape(-1)
+
+        b_obs, b_logprobs, b_actions = obs.reshape(-1, obs_dim), logprobs.reshape(-1), actions.reshape(-1)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+
         b_inds = np.arange(batch_size)
-        for _ in range(EPOCHS):
+        for _ in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for s in range(0, batch_size, minibatch_size):
                 mb = b_inds[s:s + minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions.long()[mb])
                 ratio = (newlogprob - b_logprobs[mb]).exp()
-                mb_adv = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 0.8, 1.2)).mean()
-                v_clipped = b_values[mb] + torch.clamp(newvalue.view(-1) - b_values[mb], -0.2, 0.2)
-                v_loss = 0.5 * torch.max((newvalue.view(-1) - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
-                loss = pg_loss - 0.01 * entropy.mean() + 0.5 * v_loss
+
+                mb_advantages = b_advantages[mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                newvalue = newvalue.view(-1)
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
+                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
                 optimizer.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+
+        if callback is not None:
+            callback(global_step, finished)
     elapsed = time.perf_counter() - start
     envs.close()
-    return (total_steps // batch_size) * batch_size / elapsed
+    return agent, global_step, elapsed
+
+
+def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
+    """Agent steps per second of ``cleanrl_ppo`` with ppo.py's defaults at ``num_envs`` envs: this file's
+    throughput setting (128 steps, 4 x 4 minibatches, Adam 2.5e-4)."""
+    _, steps, seconds = cleanrl_ppo(total_steps, seed, CleanRLArgs(num_envs=num_envs))
+    return steps / seconds
 
 
 # ---------------------------------------------------------------- SB3 and packrl
@@ -216,7 +297,7 @@ def main() -> None:
     big_steps = max(args.steps, 4 * big * NUM_STEPS)
     groups: dict[str, dict] = {
         f"{NUM_ENVS} envs": {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(args.steps),
+            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(args.steps),
             "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps),
             "packrl gymnasium, cleanrl net": lambda: packrl_ppo(args.steps, "serial"),
             "packrl numba, cleanrl net": lambda: packrl_ppo(args.steps, "numba"),
@@ -228,7 +309,7 @@ def main() -> None:
     }
     if big:
         groups[f"{big} envs"] = {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_ppo(big_steps, num_envs=big),
+            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(big_steps, num_envs=big),
             "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big),
             "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default"),
         }
