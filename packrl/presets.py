@@ -71,10 +71,13 @@ PRESETS: tuple[Preset, ...] = (
         "rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1: n_envs 8, n_steps 32, batch_size 256 "
         "(8 * 32 / 256 = 1 minibatch), gae_lambda 0.8, gamma 0.98, n_epochs 20, ent_coef 0.0, "
         "learning_rate lin_1e-3 (annealed), clip_range lin_0.2 (packrl keeps 0.2 fixed), no value clipping "
-        "(SB3's clip_range_vf=None), SB3's 64-unit MlpPolicy",
+        "(SB3's clip_range_vf=None), SB3's 64-unit MlpPolicy with its separate actor and critic networks "
+        "(policy.critic = separate). benchmarks/learning.py, Numba cartpole, seeds 0-4: the separate critic met 475 "
+        "at 32k-48k agent steps (median 34k) and stayed at 500; the shared trunk at 37k-77k, one seed not within "
+        "100k and one falling back to 214 after it",
         ("CartPole-v0", "CartPole-v1", "cartpole"),
         {"vec": {"num_envs": 8},
-         "policy": {"hidden": 64},
+         "policy": {"hidden": 64, "critic": "separate"},
          "train": {"num_steps": 32, "num_minibatches": 1, "gae_lambda": 0.8, "gamma": 0.98, "update_epochs": 20,
                    "ent_coef": 0.0, "learning_rate": 1e-3, "anneal_lr": True, "clip_coef": 0.2,
                    "clip_vloss": False}},
