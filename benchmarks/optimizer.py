@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from common import machine_line, print_table
@@ -32,7 +33,7 @@ def _policy(hidden: int) -> torch.nn.Module:
 def contenders(hidden: int) -> dict:
     from packrl.train.optimizer import FlatAdam, TorchAdam
 
-    def make(kind: str):  # noqa: ANN202 - a closure per contender
+    def make(kind: str) -> Callable[[], None]:
         params = list(_policy(hidden).parameters())
         grads = [torch.randn_like(p) for p in params]
         if kind == "FlatAdam":

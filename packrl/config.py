@@ -470,5 +470,15 @@ def resolve(file_layer: dict | None = None, flags: dict | None = None, preset: s
     for layer in layers:
         env_id = check_layer(layer).get("env", {}).get("id", env_id)
     chosen = presets.choose(preset, env_id)
-    preset_layer = ConfigLayer(chosen.settings, f"preset {chosen.name}") if chosen else {}
+    preset_settings = chosen.settings if chosen else {}
+    if _overrides_network(layers) and "critic" in preset_settings.get("policy", {}) \
+            and not any("critic" in (layer.get("policy") or {}) for layer in layers):
+        # the preset's separate critic belongs to its MLP: a network chosen over the preset's brings its own trunk
+        preset_settings = {**preset_settings, "policy": {k: v for k, v in preset_settings["policy"].items() if k != "critic"}}
+    preset_layer = ConfigLayer(preset_settings, f"preset {chosen.name}") if chosen else {}
     return merge(preset_layer, *layers), chosen
+
+
+def _overrides_network(layers: list[dict]) -> bool:
+    """Whether a config file or a flag chooses a network other than the MLP."""
+    return any((layer.get("policy") or {}).get("network", "mlp") != "mlp" for layer in layers)

@@ -182,7 +182,7 @@ MALFORMED_METADATA = [
     (_set("transformer", "config", "policy", "network"), "field 'config.policy.network'"),
     (_set("both", "config", "policy", "critic"), "field 'config.policy.critic'"),
     (_set({"critic": "separate", "network": "lstm", "hidden": 16}, "config", "policy"), "field 'config.policy.critic'"),
-    (_set("separate", "config", "policy", "critic"), "tensor 'critic[\\w.]+' that the policy needs is missing"),
+    (_set("separate", "config", "policy", "critic"), r"tensor 'network.weight' that the policy needs is missing"),
     (_set({"a": "os:system"}, "config", "policy", "overrides"), "field 'config.policy.overrides'"),
     (_set(32, "config", "policy", "hidden"), r"tensor '[\w.]+' is F32 \[\d+(, \d+)*\], the policy .* needs F32"),
     (_set("gru", "config", "policy", "network"), "tensor '[\\w.]+' that the policy needs is missing"),

@@ -79,7 +79,7 @@ class LSTMWrapper(Policy):
             return out
         return out, _NO_LOOKUP
 
-    def heads(self, hidden: torch.Tensor, context: Any, x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def heads(self, hidden: torch.Tensor, context: Any) -> tuple[torch.Tensor, torch.Tensor]:
         legacy = self.encoder
         out = legacy.decode_actions(hidden) if context is _NO_LOOKUP else legacy.decode_actions(hidden, context)
         return self.decoder.convert(*out)

@@ -12,6 +12,8 @@ Stepping ``step`` T times equals one ``sequence`` over T, resets included.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +51,36 @@ class MLP(nn.Module):
         for layer in self._linears:
             x = torch.relu(F.linear(x, layer.weight, layer.bias))
         return x
+
+    def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self._layers(x), state
+
+    def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        return self._layers(x), state
+
+
+class TwinMLP(nn.Module):
+    """Two feedforward layers side by side, the actor's and the critic's (``critic="separate"``), sharing no
+    weight: input ``(N, 2 * hidden)`` holds both paths' features (the encoder's projection to twice the width),
+    output ``(2, N, hidden)`` holds the actor's then the critic's. Both run as one batched matmul (a block-diagonal
+    layer), so a separate critic costs one op where two MLPs would cost one each. Each block starts as an
+    ``nn.Linear`` does. Stateless (its state is ``()``)."""
+
+    def __init__(self, hidden_size: int = 128):
+        super().__init__()
+        self.input_size, self.hidden_size = 2 * hidden_size, hidden_size
+        self.weight = nn.Parameter(torch.empty(2, hidden_size, hidden_size))
+        self.bias = nn.Parameter(torch.empty(2, 1, hidden_size))
+        for block, bias in zip(self.weight, self.bias):  # nn.Linear.reset_parameters, block by block
+            nn.init.kaiming_uniform_(block, a=math.sqrt(5))
+            nn.init.uniform_(bias, -1 / math.sqrt(hidden_size), 1 / math.sqrt(hidden_size))
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> State:
+        return ()
+
+    def _layers(self, x: torch.Tensor) -> torch.Tensor:
+        both = x.reshape(-1, 2, self.hidden_size).transpose(0, 1)  # (2, N, hidden): a view, no copy
+        return torch.relu(torch.baddbmm(self.bias, both, self.weight.transpose(1, 2)))
 
     def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         return self._layers(x), state

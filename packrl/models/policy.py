@@ -29,7 +29,7 @@ from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.encoders import LayoutEncoder
 from packrl.models.heads import Decoder
-from packrl.models.networks import MLP, State, make_network
+from packrl.models.networks import MLP, State, TwinMLP, make_network
 
 
 class ActionMask(nn.Module):
@@ -57,18 +57,6 @@ class ActionMask(nn.Module):
         return raw != 0
 
 
-class CriticTrunk(nn.Module):
-    """The value function's own encoder and feedforward network (``critic="separate"``): rows -> features
-    for the decoder's value head, sharing no weights with the actor's path (SB3's MlpPolicy, CleanRL's Agent)."""
-
-    def __init__(self, encoder: nn.Module, network: MLP):
-        super().__init__()
-        self.encoder, self.network = encoder, network
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network.step(self.encoder(x), ())[0]
-
-
 CRITICS = ("shared", "separate")
 
 
@@ -76,20 +64,19 @@ class Policy(nn.Module):
     """Encoder -> network -> decoder, with an optional action-mask reader (see the module doc).
 
     ``row_bytes`` trims wider rows to this policy's layout (heterogeneous envs pad every row to
-    the widest group's layout). ``critic`` (a CriticTrunk) gives the value head its own trunk; without
-    it the actor and critic heads read the same network output."""
+    the widest group's layout). With a ``TwinMLP`` network (``critic="separate"``) the actor head reads the
+    network's first output and the critic head its second; otherwise both read the same output."""
 
     def __init__(self, encoder: nn.Module, network: nn.Module, decoder: Decoder,
-                 action_mask: ActionMask | None = None, row_bytes: int | None = None,
-                 critic: CriticTrunk | None = None):
+                 action_mask: ActionMask | None = None, row_bytes: int | None = None):
         super().__init__()
         self.encoder, self.network, self.decoder = encoder, network, decoder
         self.action_mask = action_mask
         self.row_bytes = row_bytes
-        if critic is not None and (network.initial_state(1) or not isinstance(decoder, Decoder)):
-            raise EmulationError("a separate critic needs a feedforward network (its trunk carries no recurrent "
-                                 "state) and packrl's Decoder (whose value head it feeds)")
-        self.critic = critic
+        self.twin = isinstance(network, TwinMLP)
+        if self.twin and not isinstance(decoder, Decoder):
+            raise EmulationError("a TwinMLP network (a separate critic) needs packrl's Decoder, whose actor and "
+                                 "critic heads read its two outputs")
         spec = getattr(decoder, "spec", None)
         if action_mask is not None and spec is not None and action_mask.width != spec.mask_size:
             raise EmulationError(f"action mask {format_path(action_mask.path)} has {action_mask.width} entries, "
@@ -108,15 +95,18 @@ class Policy(nn.Module):
         if critic == "separate" and network != "mlp":
             raise EmulationError(f"critic='separate' needs network='mlp' (not {network!r}): a recurrent core's state "
                                  "belongs to one trunk")
-        encoder = LayoutEncoder(observation, hidden, overrides)
-        net = make_network(network, encoder.output_size, hidden)
+        if critic == "separate":  # one projection to [actor | critic] features, then a TwinMLP
+            encoder = LayoutEncoder(observation, 2 * hidden, overrides)
+            with torch.no_grad():  # each half starts as its own projection would (orthogonal per path)
+                for half in encoder.project[0].weight.split(hidden):
+                    nn.init.orthogonal_(half, float(np.sqrt(2)))
+            net: nn.Module = TwinMLP(hidden)
+        else:
+            encoder = LayoutEncoder(observation, hidden, overrides)
+            net = make_network(network, encoder.output_size, hidden)
         decoder = Decoder(action, net.hidden_size, log_std_init)
         mask = ActionMask(observation, action_mask) if action_mask is not None else None
-        trunk = None
-        if critic == "separate":
-            critic_encoder = LayoutEncoder(observation, hidden, overrides)
-            trunk = CriticTrunk(critic_encoder, make_network(network, critic_encoder.output_size, hidden))
-        return cls(encoder, net, decoder, mask, row_bytes, trunk)
+        return cls(encoder, net, decoder, mask, row_bytes)
 
     @classmethod
     def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
@@ -152,40 +142,36 @@ class Policy(nn.Module):
 
     def features(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Rows ``(N, nbytes)`` -> encoder features and the decoder's context (the action mask)."""
-        x = self._own_bytes(x)
+        if self.row_bytes is not None:
+            x = x[..., : self.row_bytes]
         mask = self.action_mask(x) if self.action_mask is not None else None
         return self.encoder(x), mask
 
-    def _own_bytes(self, x: torch.Tensor) -> torch.Tensor:
-        return x[..., : self.row_bytes] if self.row_bytes is not None else x
-
-    def heads(self, hidden: torch.Tensor, context: Any, x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, values) from the network's output; with a separate critic the values come from the rows ``x``
-        through the critic's own trunk."""
-        if self.critic is None:
-            return self.decoder(hidden, context)
-        return self.decoder.actor(hidden, context), self.decoder.critic(self.critic(self._own_bytes(x)))
+    def heads(self, hidden: torch.Tensor, context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, values) from the network's output (a TwinMLP's: the actor's features, then the critic's)."""
+        if self.twin:
+            return self.decoder.actor(hidden[0], context), self.decoder.critic(hidden[1])
+        return self.decoder(hidden, context)
 
     def forward_eval(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """One rollout step: ``x (B, ...)`` -> ``(logits (B, L), values (B,), state)``."""
         features, context = self.features(x)
         hidden, state = self.network.step(features, state, done)
-        logits, values = self.heads(hidden, context, x)
+        logits, values = self.heads(hidden, context)
         return logits, values, state
 
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """Training over time: ``x (B, T, ...)`` -> ``(logits (B, T, L), values (B, T), state)``."""
         b, t = x.shape[:2]
-        x = x.reshape((b * t,) + tuple(x.shape[2:]))
-        features, context = self.features(x)
-        if type(self.network) is MLP:  # row-wise: no (B, T) round trip (each view is a node to backpropagate)
+        features, context = self.features(x.reshape((b * t,) + tuple(x.shape[2:])))
+        if type(self.network) in (MLP, TwinMLP):  # row-wise: no (B, T) round trip (each view is a node to backpropagate)
             hidden, state = self.network.sequence(features, state, done)
         else:
             hidden, state = self.network.sequence(features.reshape(b, t, -1), state, done)
             hidden = hidden.reshape(b * t, -1)
-        logits, values = self.heads(hidden, context, x)
+        logits, values = self.heads(hidden, context)
         return logits.reshape(b, t, -1), values.reshape(b, t), state
 
     def distribution(self, logits: torch.Tensor) -> Any:
