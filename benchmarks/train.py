@@ -1,7 +1,8 @@
 """Training throughput on CPU: packrl PPO against a CleanRL-style single-file PPO and SB3 PPO.
 
 Agent steps per second of whole training (rollout + update) on CartPole. Every row of a group uses the
-same PPO hyperparameters: num_envs, 128 steps, 4 epochs x 4 minibatches, Adam 2.5e-4, 64 hidden units.
+same PPO hyperparameters: num_envs, 128 steps, 4 epochs x 4 minibatches, Adam 2.5e-4, 64 hidden units (the
+learning rate annealed to 0 in the CleanRL-style and packrl rows, as ppo.py and PPOConfig do; constant in SB3's).
 
 - cleanrl-style: gymnasium SyncVectorEnv + CleanRL's Agent (separate actor and critic, two Tanh layers
   of 64 each), CleanRL's ppo.py loop (``cleanrl_ppo``, its arguments in ``CleanRLArgs``; benchmarks/learning.py
@@ -199,7 +200,7 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
 
 def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
     """Agent steps per second of ``cleanrl_ppo`` with ppo.py's defaults at ``num_envs`` envs: this file's
-    throughput setting (128 steps, 4 x 4 minibatches, Adam 2.5e-4)."""
+    throughput setting (128 steps, 4 x 4 minibatches, Adam 2.5e-4 annealed)."""
     _, steps, seconds = cleanrl_ppo(total_steps, seed, CleanRLArgs(num_envs=num_envs))
     return steps / seconds
 
