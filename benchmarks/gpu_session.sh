@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One prepared run on a borrowed CUDA machine (its python3 has torch, triton, numba, pytest and hypothesis,
+# and nothing can be downloaded there): the CUDA tests, then benchmarks/gpu_check.py. What the machine lacks
+# travels as wheels in .whl (gymnasium, Farama-Notifications and pettingzoo for its Python, fetched with
+# `pip download --only-binary=:all: --python-version 3.12 ...`). Logs go to $OUT (default /tmp/gpu_session).
+#
+#     bash benchmarks/gpu_session.sh [TRAIN_SECONDS]
+set -u
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "wheel install failed"; exit 1; }
+fi
+# the optional C extensions (packrl falls back to Numba without them)
+python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || echo "C extension build failed: see build.log"
+nvidia-smi -L
+python3 -c "import torch, numba, gymnasium; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__, 'gymnasium', gymnasium.__version__)"
+timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 -rs \
+    tests/test_cuda_training.py tests/test_advantage.py tests/test_models_policy.py tests/test_nativize.py \
+    tests/test_replay_device.py tests/test_optimizer.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+timeout 200 python3 benchmarks/gpu_check.py --train-seconds "${1:-30}" 2>&1 | tee "$OUT/gpu_check.log"
