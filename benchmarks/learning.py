@@ -11,6 +11,9 @@ same rule, to the same budget. So does the CleanRL-style single file (benchmarks
 ppo.py loop and Agent): ``cleanrl-zoo`` with the same zoo hyperparameters (like-for-like implementation speed),
 ``cleanrl-defaults`` with ppo.py's own (CleanRL trains CartPole for 500k steps with them: ``--budget 500000``).
 Every contender uses one torch thread (`torch.set_num_threads(1)`) and runs alone, one after the other, in this process.
+After the table, a Targets table: each of issue 21's targets that the run's tasks measure, met or not, and for each
+one not met its gap in this run's numbers (benchmarks/targets.py): the median run's seconds to threshold split into
+rollouts, updates (minibatch count, ms each) and the rest, and what they would have to cost to fit.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/learning.py [--quick] [--seeds 3] [--tasks cartpole-gym,...]
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from common import machine_line, print_table, setting_changes, summary
+from targets import Split, Target, median_index, print_targets, seeds_target, wall_ratio_target, wall_target
 from train import CleanRLArgs, cleanrl_ppo
 
 TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
@@ -42,6 +46,7 @@ class Result:
     last_mean: float  # moving training mean at the end of the budget
     eval_mean: float  # 20-episode greedy evaluation at the end of the budget
     total_steps: int
+    split: Split | None = None  # where the seconds to threshold went (packrl runs that met it)
 
 
 def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int, changes: dict,
@@ -76,10 +81,19 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
 
     ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
     hit: list = []
+    spent = {"rollout": 0.0, "update": 0.0, "iterations": 0}  # up to the threshold, for the wall target's gap
+    minibatches = cfg.update_epochs * cfg.num_minibatches  # per update (no target_kl in the presets: every epoch runs)
 
     def callback(stats: dict) -> None:
-        if not hit and len(window) == window_size and np.mean(window) >= threshold:
-            hit.append((stats["global_step"], time.perf_counter() - start))
+        if hit:
+            return
+        spent["rollout"] += stats["rollout_seconds"]
+        spent["update"] += stats["update_seconds"]
+        spent["iterations"] += 1
+        if len(window) == window_size and np.mean(window) >= threshold:
+            seconds = time.perf_counter() - start
+            hit.append((stats["global_step"], seconds, Split(seconds, stats["global_step"], spent["iterations"],
+                        spent["rollout"], spent["update"], spent["iterations"] * minibatches)))
 
     history = ppo.train(budget, callback)
     vecenv.close()
@@ -91,9 +105,9 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
         else vector.make(lambda: __import__("gymnasium").make(env_id), 20, seed=10_000)
     returns = evaluate(policy, eval_env, episodes=20)
     eval_env.close()
-    steps, seconds = hit[0] if hit else (None, None)
+    steps, seconds, split = hit[0] if hit else (None, None, None)
     return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(np.mean(returns)),
-                  ppo.global_step)
+                  ppo.global_step, split)
 
 
 # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1, as sb3_run and packrl's classic-control preset take them:
@@ -229,6 +243,47 @@ def sb3_run(seed: int, threshold: float, budget: int) -> Result:
     steps, seconds = hit[0] if hit else (None, None)
     return Result(steps, seconds, float(np.mean(window)), float(mean), int(model.num_timesteps))
 
+# issue 21's targets: CartPole 3/3 seeds at 475 within 100k steps, its wall to threshold <= 3 s with the Numba env and
+# <= 0.5x SB3 zoo's with the gymnasium env; gridworld 3/3 at 0.8; the games at their threshold within the stated budget
+CARTPOLE_STEPS, NUMBA_WALL, SB3_WALL_RATIO = 100_000, 3.0, 0.5
+
+
+def median_split(outcomes: dict[int, Result]) -> tuple[Split | None, int]:
+    """The seconds-to-threshold split of the median run among the seeds that met the threshold, and how many did."""
+    splits = [r.split for r in outcomes.values() if r.split is not None]
+    if not splits:
+        return None, 0
+    return splits[median_index([s.total for s in splits])], len(splits)
+
+
+def learning_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
+    """Issue 21's targets for the tasks in ``runs`` (task -> seed -> Result), each met or with its gap."""
+    targets = []
+    for task, label in (("cartpole-gym", "CartPole-v1 (gymnasium)"), ("cartpole-numba", "cartpole (Numba)")):
+        if task in runs:
+            targets.append(seeds_target(f"{label}, defaults: solved", 475.0, CARTPOLE_STEPS, runs[task], eval_too=True))
+    if "cartpole-numba" in runs:
+        name = "cartpole (Numba): wall to 475"
+        split, solved = median_split(runs["cartpole-numba"])
+        targets.append(wall_target(name, NUMBA_WALL, split) if split else
+                       Target(name, f"<= {NUMBA_WALL:.2f} s", "no seed met 475", False, ("no wall to threshold",)))
+    if "cartpole-gym" in runs and "sb3-cartpole" in runs:
+        name, goal = "CartPole-v1 (gymnasium): wall to 475", f"<= {SB3_WALL_RATIO:g}x SB3 zoo"
+        split, _ = median_split(runs["cartpole-gym"])
+        anchor = [r for r in runs["sb3-cartpole"].values() if r.seconds is not None]
+        if split is None or not anchor:
+            missing = "packrl" if split is None else "SB3 zoo"
+            targets.append(Target(name, goal, f"{missing} met 475 in no seed", False, ("no wall ratio in this run",)))
+        else:
+            targets.append(wall_ratio_target(name, SB3_WALL_RATIO, "SB3 zoo", statistics.median(r.seconds for r in anchor),
+                                             int(statistics.median(r.steps for r in anchor)), split))
+    if "gridworld" in runs:
+        targets.append(seeds_target("gridworld, defaults (README command)", 0.8, TASKS["gridworld"][2], runs["gridworld"],
+                                    eval_too=False))
+    for game, (_, threshold, metric, budget, _) in GAMES.items():
+        if game in runs:
+            targets.append(seeds_target(f"{game} vs random ({metric})", threshold, budget, runs[game], eval_too=False))
+    return targets
 
 
 def main() -> None:
@@ -256,7 +311,7 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
           "20 finished training episodes (gridworld: 200) >= threshold; each run goes on to its budget; final = "
           "the moving mean and a 20-episode greedy eval at the budget\n")
-    rows, medians = [], {}
+    rows, medians, runs = [], {}, {}
     for task in args.tasks.split(","):
         if task in GAMES:
             env_id, threshold, metric, budget, _ = GAMES[task]
@@ -276,6 +331,7 @@ def main() -> None:
             name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set) + \
                 (", SB3's network" if args.network == "sb3" else "")
             results = [packrl_run(env_id, seed, threshold, budget, window, changes, args.network) for seed in seeds]
+        runs[task] = dict(zip(seeds, results))
         for seed, r in zip(seeds, results):
             print(f"  {name} seed {seed}: steps {r.steps}, seconds {r.seconds and round(r.seconds, 2)}, "
                   f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}", flush=True)
@@ -291,6 +347,10 @@ def main() -> None:
     for task, anchor in [*pairs, ("cleanrl-zoo", "sb3-cartpole")]:
         if np.isfinite(medians.get(task, np.nan)) and np.isfinite(medians.get(anchor, np.nan)):
             print(f"wall to threshold, {task} / {anchors[anchor]}: {medians[task] / medians[anchor]:.2f}x (median / median)")
+    print()
+    if changes or args.network != "preset":
+        print("note: the targets are for the defaults; this run changed the packrl tasks' settings")
+    print_targets(learning_targets(runs))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,11 @@ learning rate annealed to 0 in the CleanRL-style and packrl rows, as ppo.py and 
 
 Groups: 8 envs (the issue's setting; SB3 only here) and --large-envs (CleanRL-style on a gymnasium
 SyncVectorEnv of that many envs against packrl's Numba CartPole with as many envs).
-Targets (issue 21): >= 2x cleanrl-style with the gymnasium env, >= 4x with the Numba env.
+Targets (issue 21): >= 2x cleanrl-style with the gymnasium env, >= 4x with the Numba env. After the tables, a
+Targets table (benchmarks/targets.py) checks every packrl row against its group's CleanRL-style row (the median
+repeat of each) and explains each miss with this run's numbers: both loops' rollout / update split per iteration
+(the CleanRL loop's phases timed in ``cleanrl_ppo``), the ratio reachable with packrl's rollout or update free, and
+an Amdahl bound from the env stepping alone with random actions, timed in the same repeats (``env_only_seconds``).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line
+from targets import Split, Target, median_index, print_targets, rate_target
 
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES, HIDDEN, LR = 8, 128, 4, 4, 64, 2.5e-4
 
@@ -93,11 +98,13 @@ class Agent(nn.Module):
 
 
 def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs(),
-                callback: Callable[[int, list[float]], object] | None = None) -> tuple[Agent, int, float]:
+                callback: Callable[[int, list[float]], object] | None = None,
+                phases: dict[str, float] | None = None) -> tuple[Agent, int, float]:
     """CleanRL's ppo.py on CartPole-v1, top to bottom. ``callback(global_step, returns)`` after each iteration's
     update, with the returns of the episodes that ended during its rollout. Returns the agent, the steps taken
     (whole iterations: total_steps // batch_size of them) and the loop's seconds (env construction and the
-    first reset left out)."""
+    first reset left out). ``phases``, when given, gets the seconds of the rollouts (``"rollout"``) and of the
+    advantages and updates (``"update"``), as packrl's PPO reports its own."""
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = total_steps // batch_size
@@ -123,7 +130,9 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
     next_done = torch.zeros(args.num_envs)
     episode_return = np.zeros(args.num_envs)  # what RecordEpisodeStatistics sums in ppo.py
     start = time.perf_counter()
+    spent = {"rollout": 0.0, "update": 0.0}
     for iteration in range(1, num_iterations + 1):
+        tic = time.perf_counter()
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -144,6 +153,8 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
                 episode_return[next_done] = 0.0
             next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
 
+        toc = time.perf_counter()
+        spent["rollout"] += toc - tic
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
             advantages = torch.zeros_like(rewards)
@@ -191,24 +202,66 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
+        spent["update"] += time.perf_counter() - toc
         if callback is not None:
             callback(global_step, finished)
     elapsed = time.perf_counter() - start
     envs.close()
+    if phases is not None:
+        phases.update(spent)
     return agent, global_step, elapsed
 
 
-def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> float:
-    """Agent steps per second of ``cleanrl_ppo`` with ppo.py's defaults at ``num_envs`` envs: this file's
-    throughput setting (128 steps, 4 x 4 minibatches, Adam 2.5e-4 annealed)."""
-    _, steps, seconds = cleanrl_ppo(total_steps, seed, CleanRLArgs(num_envs=num_envs))
-    return steps / seconds
+def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> Split:
+    """``cleanrl_ppo`` with ppo.py's defaults at ``num_envs`` envs, this file's throughput setting (128 steps,
+    4 x 4 minibatches, Adam 2.5e-4 annealed): its seconds, steps and the rollout / update split."""
+    args = CleanRLArgs(num_envs=num_envs)
+    phases: dict[str, float] = {}
+    _, steps, seconds = cleanrl_ppo(total_steps, seed, args, phases=phases)
+    iterations = steps // (num_envs * args.num_steps)
+    return Split(seconds, steps, iterations, phases["rollout"], phases["update"],
+                 iterations * args.update_epochs * args.num_minibatches)
+
+
+def env_only_seconds(total_steps: int, backend: str, num_envs: int = NUM_ENVS, seed: int = 0) -> float:
+    """Seconds that stepping ``num_envs`` CartPoles for ``total_steps`` agent steps takes with uniformly random
+    actions (drawn beforehand) and nothing else: gymnasium's SyncVectorEnv as ``cleanrl_ppo`` builds it
+    (``"sync"``), the ``gym.make`` envs' own ``step`` in a plain loop, a reset where an episode ends
+    (``"gymnasium"``: what SyncVectorEnv and packrl's serial env both call), or packrl's Numba CartPole
+    (``"numba"``). The env's share of a training loop, which no trainer around it can remove."""
+    actions = np.random.default_rng(seed).integers(0, 2, (total_steps // num_envs, num_envs))
+    if backend == "gymnasium":
+        singles = [gym.make("CartPole-v1") for _ in range(num_envs)]
+        for i, env in enumerate(singles):
+            env.reset(seed=seed + i)
+        start = time.perf_counter()
+        for action in actions.tolist():
+            for env, a in zip(singles, action):
+                _, _, terminated, truncated, _ = env.step(a)
+                if terminated or truncated:
+                    env.reset()
+        return time.perf_counter() - start
+    if backend == "sync":
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs.reset(seed=seed)
+    else:
+        from packrl import vector
+
+        envs = vector.make("cartpole", num_envs, backend="numba", seed=seed)
+        envs.reset(seed)
+    start = time.perf_counter()
+    for action in actions:
+        envs.step(action)
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return elapsed
 
 
 # ---------------------------------------------------------------- SB3 and packrl
 
 
-def sb3_ppo(total_steps: int, seed: int = 0) -> float:
+def sb3_ppo(total_steps: int, seed: int = 0) -> Split:
     from stable_baselines3 import PPO as SB3PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -218,7 +271,7 @@ def sb3_ppo(total_steps: int, seed: int = 0) -> float:
                    policy_kwargs={"net_arch": [HIDDEN, HIDDEN]})
     start = time.perf_counter()
     model.learn(total_steps)
-    return model.num_timesteps / (time.perf_counter() - start)
+    return Split(time.perf_counter() - start, model.num_timesteps, model.num_timesteps // (NUM_ENVS * NUM_STEPS))
 
 
 class _RawObservation(nn.Module):
@@ -264,7 +317,9 @@ def cleanrl_network_policy(env):
 
 
 def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NUM_ENVS, network: str = "cleanrl",
-               compile: bool = False) -> float:
+               compile: bool = False) -> Split:
+    """packrl PPO at this file's setting: its seconds, steps and the rollout / update split (PPO's own
+    ``rollout_seconds`` and ``update_seconds``), the compiling first iteration left out."""
     from packrl import vector
     from packrl.models import Policy
     from packrl.train.ppo import PPO, PPOConfig
@@ -280,10 +335,37 @@ def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NU
         ppo.train(num_envs * NUM_STEPS)
         warmup = ppo.global_step
     start = time.perf_counter()
-    ppo.train(total_steps + warmup)
-    rate = (ppo.global_step - warmup) / (time.perf_counter() - start)
+    history = ppo.train(total_steps + warmup)
+    seconds = time.perf_counter() - start
     env.close()
-    return rate
+    return Split(seconds, ppo.global_step - warmup, len(history), sum(h["rollout_seconds"] for h in history),
+                 sum(h["update_seconds"] for h in history), len(history) * EPOCHS * MINIBATCHES)
+
+
+ANCHOR = "cleanrl-style (gymnasium)"
+RATIOS = {"gymnasium": 2.0, "numba": 4.0}  # issue 21: packrl's steps/s over the CleanRL-style file's, by packrl's env
+FLOORS = {"gymnasium": "the gymnasium CartPole-v1 envs' own step() in a loop", "sync": "gymnasium SyncVectorEnv stepping",
+          "numba": "Numba CartPole stepping"}
+
+
+def throughput_targets(results: dict[str, dict[str, list[Split]]], floors: dict[str, dict[str, list[float]]]
+                       ) -> list[Target]:
+    """Issue 21's throughput targets for every packrl row of every group (``results``: group -> contender -> runs),
+    each against the CleanRL-style file of its group, the median repeat of each; ``floors``: group -> env kind ->
+    seconds per agent step of that env stepping alone (median taken here)."""
+    targets = []
+    for g, rows in results.items():
+        anchors = rows[ANCHOR]
+        anchor = anchors[median_index([run.rate for run in anchors])]
+        for name, runs in rows.items():
+            kind = next((k for k in RATIOS if name.startswith(f"packrl {k}")), None)
+            if kind is None:
+                continue
+            ours = runs[median_index([run.rate for run in runs])]
+            env_floors = [(f"{FLOORS[k]} ({g}, random actions)", statistics.median(floors[g][k]))
+                          for k in (("gymnasium", "sync") if kind == "gymnasium" else ("numba",)) if floors[g].get(k)]
+            targets.append(rate_target(f"{name}, {g}", RATIOS[kind], "cleanrl-style", anchor, ours, env_floors))
+    return targets
 
 
 def main() -> None:
@@ -314,26 +396,33 @@ def main() -> None:
             "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big),
             "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default"),
         }
+    envs = {f"{NUM_ENVS} envs": (NUM_ENVS, args.steps), f"{big} envs": (big, big_steps)}
     packrl_ppo(NUM_ENVS * NUM_STEPS, "numba")  # warm-up: Numba compilation, imports
     results = {g: {name: [] for name in runs} for g, runs in groups.items()}
+    floors = {g: {backend: [] for backend in FLOORS} for g in groups}  # seconds per agent step of the env alone
     for _ in range(args.repeats):  # interleaved, so load changes hit every contender alike
         for g, runs in groups.items():
             for name, run in runs.items():
                 results[g][name].append(run())
+            num_envs, steps = envs[g]
+            for backend in FLOORS:
+                floors[g][backend].append(env_only_seconds(steps, backend, num_envs) / (steps // num_envs * num_envs))
     print(f"CartPole PPO training throughput, {args.repeats} repeats, {NUM_STEPS} steps per env per iteration, "
           f"{EPOCHS}x{MINIBATCHES} minibatches, {HIDDEN} hidden, torch threads {args.threads}")
     print(machine_line(("stable_baselines3",)))
     for g, rows in results.items():
         steps = args.steps if g.startswith(f"{NUM_ENVS} ") else big_steps
-        base = statistics.median(rows["cleanrl-style (gymnasium)"])
+        base = statistics.median(run.rate for run in rows["cleanrl-style (gymnasium)"])
         print(f"\n{g} ({steps} agent steps a run)")
         print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
-        for name, rates in rows.items():
+        for name, runs in rows.items():
+            rates = [run.rate for run in runs]
             med = statistics.median(rates)
             print(f"{name:34} {med:15,.0f} {min(rates):9,.0f} {max(rates):9,.0f} {med / base:10.2f}x")
     print("\nevery row of a group has that group's num_envs and the same PPO hyperparameters; 'cleanrl net' rows "
           "run CleanRL's exact network inside packrl")
-    print("targets (issue 21): packrl gymnasium >= 2x, packrl numba >= 4x (numbers depend on the machine's load)")
+    print("targets (issue 21): packrl gymnasium >= 2x, packrl numba >= 4x (numbers depend on the machine's load)\n")
+    print_targets(throughput_targets(results, floors))
 
 
 if __name__ == "__main__":
