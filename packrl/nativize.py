@@ -2,7 +2,7 @@
 
 Works on numpy arrays and on torch tensors on any device, and traces under
 ``torch.compile(fullgraph=True)``: every step is a slice, a dtype view (a bitcast) and a
-reshape, read from the Layout's constant offsets.
+reshape, read from the Layout's constant offsets (a bool leaf, under compile, a ``!= 0`` of its bytes).
 """
 from __future__ import annotations
 
@@ -52,7 +52,12 @@ def leaf_views(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     if start == end:  # a leaf with no elements: no bytes to view, and strides of empty slices are arbitrary
         return torch.empty(batch + shape, dtype=dtype, device=x.device)
-    return x[..., start:end].view(dtype).view(batch + shape)
+    part = x[..., start:end]
+    if dtype == torch.bool and torch.compiler.is_compiling():
+        # Inductor (torch 2.11, CPU and CUDA) fails to lower a uint8 -> bool bitcast; a packed bool byte is
+        # 0 or 1, so the comparison reads the same values (a copy that Inductor fuses into its consumer)
+        return (part != 0).view(batch + shape)
+    return part.view(dtype).view(batch + shape)
 
 
 def _packed_shape(x: Any, layout: Layout) -> bool:

@@ -50,10 +50,14 @@ class NonFiniteError(PackrlError, FloatingPointError):
 
 
 def seed_everything(seed: int) -> None:
-    """The one place a run's seed reaches Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    """The one place a run's seed reaches Python's, NumPy's and torch's global generators (CPU and CUDA).
+    cuDNN is held to deterministic algorithms: the ones it may pick otherwise (a convolution's weight
+    gradient summed with atomics) made two CUDA runs of one seed differ on an H200."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 @dataclass
