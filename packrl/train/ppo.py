@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -50,14 +51,21 @@ class NonFiniteError(PackrlError, FloatingPointError):
 
 
 def seed_everything(seed: int) -> None:
-    """The one place a run's seed reaches Python's, NumPy's and torch's global generators (CPU and CUDA).
-    cuDNN is held to deterministic algorithms: the ones it may pick otherwise (a convolution's weight
-    gradient summed with atomics) made two CUDA runs of one seed differ on an H200."""
+    """The one place a run's seed reaches Python's, NumPy's and torch's global generators (CPU and CUDA)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def hold_cuda_to_deterministic_algorithms() -> None:
+    """Same seed, same run on CUDA: two gridworld runs of one seed on an H200 gave different checkpoints
+    (the suspects: a convolution's weight gradient and gather/index_select backward, summed with atomics).
+    Ops with a deterministic CUDA algorithm use it (cuDNN included); one without warns instead of failing.
+    cuBLAS needs its workspace setting before its first call, so this runs before the policy moves."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @dataclass
@@ -167,6 +175,8 @@ class PPO:
         self.env, self.config = vecenv, config or PPOConfig()
         cfg = self.config
         self.device = cfg.resolve_device()
+        if self.device.type == "cuda":
+            hold_cuda_to_deterministic_algorithms()
         self.rank, self.world = rank_and_world()
         torch.manual_seed(cfg.seed)
         self.policy = policy.to(self.device)
