@@ -243,6 +243,7 @@ def sb3_run(seed: int, threshold: float, budget: int) -> Result:
     steps, seconds = hit[0] if hit else (None, None)
     return Result(steps, seconds, float(np.mean(window)), float(mean), int(model.num_timesteps))
 
+
 # issue 21's targets: CartPole 3/3 seeds at 475 within 100k steps, its wall to threshold <= 3 s with the Numba env and
 # <= 0.5x SB3 zoo's with the gymnasium env; gridworld 3/3 at 0.8; the games at their threshold within the stated budget
 CARTPOLE_STEPS, NUMBA_WALL, SB3_WALL_RATIO = 100_000, 3.0, 0.5

@@ -130,8 +130,9 @@ def rate_target(name: str, ratio: float, anchor_name: str, anchor: Split, ours: 
     p_total, p_roll, p_upd, p_other = (v * scale for v in ours.per_iteration_ms())
     need = a_total / ratio
     per_mb = ours.minibatches / ours.iterations
+    a_mb = f" ({a_upd / (anchor.minibatches / anchor.iterations):.2f} ms per minibatch)" if anchor.minibatches else ""
     gap = [f"per {size:,.0f}-step iteration: {anchor_name} {a_total:.1f} ms = rollout {a_roll:.1f} + update "
-           f"{a_upd:.1f} + other {a_other:.1f}; packrl {p_total:.1f} ms = rollout {p_roll:.1f} + update {p_upd:.1f} "
+           f"{a_upd:.1f}{a_mb} + other {a_other:.1f}; packrl {p_total:.1f} ms = rollout {p_roll:.1f} + update {p_upd:.1f} "
            f"({p_upd / per_mb:.2f} ms per minibatch) + other {p_other:.1f}",
            f"{ratio:g}x needs packrl <= {need:.1f} ms per iteration ({p_total - need:.1f} ms less); with the rollout free "
            f"at most {a_total / (p_total - p_roll):.2f}x, with the update free at most {a_total / (p_total - p_upd):.2f}x"]

@@ -87,7 +87,7 @@ def test_rate_target_flips_at_the_ratio_and_bounds_it(targets):
     assert not missed.met and missed.measured.startswith("1.82x (14,895 / 8,192 steps/s)")
     split, need, floor, slow = missed.gap
     # per 1,024-step iteration: anchor 125 ms; packrl 68.75 = 25 + 34.38 (2.15 ms per minibatch) + 9.38
-    assert split == ("per 1,024-step iteration: cleanrl-style 125.0 ms = rollout 68.8 + update 53.1 + other 3.1; "
+    assert split == ("per 1,024-step iteration: cleanrl-style 125.0 ms = rollout 68.8 + update 53.1 (3.32 ms per minibatch) + other 3.1; "
                      "packrl 68.8 ms = rollout 25.0 + update 34.4 (2.15 ms per minibatch) + other 9.4")
     # 2x needs 62.5 ms; free rollout: 125 / 43.75 = 2.86x; free update: 125 / 34.38 = 3.64x
     assert "<= 62.5 ms per iteration (6.2 ms less)" in need
