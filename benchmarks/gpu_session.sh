@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One prepared run on a borrowed CUDA machine (its python3 has torch, triton, numba, pytest and hypothesis,
 # and nothing can be downloaded there): the CUDA tests, then benchmarks/gpu_check.py. What the machine lacks
-# travels as wheels in .whl (gymnasium, Farama-Notifications and pettingzoo for its Python, fetched with
-# `pip download --only-binary=:all: --python-version 3.12 ...`). Logs go to $OUT (default /tmp/gpu_session).
+# travels in .whl, named in the run's carry: wheels for its Python (gymnasium, Farama-Notifications, pettingzoo,
+# minigrid, mpe2, pygame-ce; `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux2014_x86_64 ...`) and pure-Python sdists (chess). Logs go to $OUT (default /tmp/gpu_session).
 #
 #     bash benchmarks/gpu_session.sh [TRAIN_SECONDS]
 set -u
@@ -10,8 +11,8 @@ OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || { echo "wheel install failed"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --no-build-isolation --upgrade \
+        --target /tmp/site .whl/*.whl $(ls .whl/*.tar.gz 2>/dev/null) || { echo "wheel install failed"; exit 1; }
 fi
 # the optional C extensions (packrl falls back to Numba without them)
 python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || echo "C extension build failed: see build.log"
