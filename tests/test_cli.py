@@ -45,6 +45,13 @@ def test_train_then_eval_a_numba_env(tmp_path, capsys):
     assert len(history) == 4 and history[-1]["global_step"] == 2048
     assert main(["eval", str(out / "checkpoint"), "--episodes", "4"]) == 0
     assert "mean return" in capsys.readouterr().out
+    # the run folder (what train prints first) stands for its newest checkpoint
+    assert main(["eval", str(out), "--episodes", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert f"checkpoint: {out / 'checkpoint'}" in printed.replace("\n", "") and "mean return" in printed
+    (out / "checkpoint" / "metadata.json").unlink()  # no loadable checkpoint left: one line naming the folder, exit 2
+    assert main(["eval", str(out), "--episodes", "4"]) == 2
+    assert f"packrl eval {out}: no loadable checkpoint in it" in capsys.readouterr().err
 
 
 def test_config_file_then_flags(tmp_path):

@@ -87,3 +87,15 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "packrl inspect: error" in err
+
+
+def test_a_run_folder_stands_for_its_newest_checkpoint_still_without_torch(checkpoint):
+    run = checkpoint.parent / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    checkpoint.rename(run / "checkpoints" / "step-000000004096")
+    out = _run("import sys\nfrom packrl.cli import main\nrc = main(['inspect', %r])\n"
+               "print('RC', rc, 'torch' in sys.modules, 'numpy' in sys.modules)" % str(run))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "RC 0 False False"
+    assert f"checkpoint: {run / 'checkpoints' / 'step-000000004096'}" in out.stdout
+    assert "4096" in out.stdout and "match" in out.stdout

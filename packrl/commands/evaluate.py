@@ -1,4 +1,5 @@
-"""``packrl eval CHECKPOINT``: a checkpoint's policy on its own fresh envs, sampled and greedy side by side.
+"""``packrl eval CHECKPOINT``: a checkpoint's policy on its own fresh envs, sampled and greedy side by side
+(a run folder stands for its newest checkpoint).
 
 The checkpoint is data: the env is the one given with ``--env`` or the recorded id looked up as a name
 (``module:function`` ids and their kwargs run only with ``--trust-checkpoint``); its layouts must match the
@@ -18,7 +19,7 @@ VIDEO_SUFFIXES = (".gif",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint")
+    parser.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its newest checkpoint)")
     parser.add_argument("--episodes", type=positive_int, default=20, help="episodes per mode (default 20)")
     parser.add_argument("--num-envs", type=positive_int, default=None, help="envs stepped together (default min(episodes, 8))")
     parser.add_argument("--seed", type=non_negative_int, default=10_000, help="env and sampling seed (default 10000)")
@@ -51,11 +52,15 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from rich.table import Table
 
     from packrl.errors import EnvError
+    from packrl.run_folders import checkpoint_in
     from packrl.train.evaluate import EvaluationError, evaluate
     from packrl.train.run import load_policy
 
     console = Console()
     _check_device(device)
+    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint, "packrl eval"))
+    if checkpoint != given:
+        console.print(f"checkpoint: {escape(checkpoint)}")
     num_envs = num_envs or min(episodes, 8)
     policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,

@@ -15,7 +15,8 @@ SUMMARY_FIELDS = ("format", "env_id", "seed", "global_step", "iteration", "creat
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint folder (metadata.json + model.safetensors)")
+    parser.add_argument("checkpoint", help="a checkpoint folder (metadata.json + model.safetensors), or a run folder "
+                        "(its newest checkpoint)")
     parser.add_argument("--json", action="store_true", help="print metadata and tensors as one JSON object")
 
 
@@ -45,7 +46,11 @@ class _Parser(argparse.ArgumentParser):
 
 def inspect_command(checkpoint: str, as_json: bool = False) -> int:
     from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, read_header, read_metadata, verify
+    from packrl.run_folders import checkpoint_in
 
+    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint, "packrl inspect"))
+    if checkpoint != given and not as_json:
+        print(f"checkpoint: {checkpoint}")
     metadata = read_metadata(checkpoint)
     tensors, _ = read_header(checkpoint_folder(checkpoint) / WEIGHTS)
     try:

@@ -35,13 +35,10 @@ from typing import Any
 from rich.console import Console
 
 from packrl.errors import PackrlError
+from packrl.run_folders import RunError, find_checkpoint, is_run_folder
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
 SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
-
-
-class RunError(PackrlError, ValueError):
-    """A run folder or a checkpoint to resume from cannot be used as asked."""
 
 
 @dataclass
@@ -105,36 +102,6 @@ def new_run_folder(options: RunOptions, env_id: str) -> Path:
         except FileExistsError:
             n += 1
             folder = base.with_name(f"{base.name}-{n}")
-
-
-def is_run_folder(folder: Path) -> bool:
-    return folder.is_dir() and not folder.is_symlink() and any(
-        (folder / name).exists() for name in ("checkpoint", "checkpoints", "history.jsonl"))
-
-
-def find_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
-    """``(checkpoint folder, run folder or None)`` for ``--resume``: a run folder resumes from its newest
-    loadable checkpoint (``checkpoint/``, else the newest of ``checkpoints/``); a checkpoint folder from
-    itself, in the run folder that holds it if any."""
-    from packrl.checkpoint import CheckpointError, read_metadata
-
-    path = Path(path)
-    if not path.exists():
-        raise RunError(f"--resume {path}: no such run or checkpoint folder")
-    if (path / "metadata.json").is_file():
-        parent = path.parent
-        run = parent.parent if parent.name == "checkpoints" else parent if path.name == "checkpoint" else None
-        return path, run if run is not None and is_run_folder(run) else None
-    candidates = [path / "checkpoint"] + sorted((path / "checkpoints").glob("step-*"), reverse=True)
-    readable = []
-    for candidate in candidates:
-        try:
-            readable.append((int(read_metadata(candidate).get("global_step", -1)), candidate))
-        except (CheckpointError, OSError, ValueError):
-            continue
-    if not readable:
-        raise RunError(f"--resume {path}: no loadable checkpoint in it (looked at checkpoint/ and checkpoints/step-*)")
-    return max(readable, key=lambda item: item[0])[1], path
 
 
 # ---------------------------------------------------------------- history
