@@ -15,7 +15,7 @@ from packrl.train.evaluate import evaluate
 from packrl.train.optimizer import FlatAdam, adam
 from packrl.train.run import load_policy
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _train(out, *args: str) -> int:
