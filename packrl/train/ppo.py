@@ -448,16 +448,22 @@ class PPO:
         # One minibatch is the whole batch: a shuffle would only reorder the terms of its means, so it is read
         # in place (no permutation drawn, no gathered copies).
         whole = minibatch_size >= num_segments
+        b["advantages"], b["returns"] = self._segments(advantages), self._segments(returns)
+        # The whole batch as the one minibatch: its normalized advantages are the same in every epoch (V-trace's
+        # change between epochs), so they are normalized once here instead of in each epoch's loss.
+        normalize_once = cfg.norm_adv and whole and not cfg.vtrace
+        if normalize_once:
+            b["advantages"] = _normalize(b["advantages"], *_masked_mean(None if all_acting else b["masks"]))
         losses, kl_parts, positions = [], [], []  # per minibatch, tensors until the end: one host sync
         for epoch in range(cfg.update_epochs):
             if cfg.vtrace and epoch > 0:
                 advantages, returns = self.advantages(self._current_ratios(b))
-            b["advantages"], b["returns"] = self._segments(advantages), self._segments(returns)
+                b["advantages"], b["returns"] = self._segments(advantages), self._segments(returns)
             order = None if whole else torch.randperm(num_segments, device=self.device)
             for first in range(0, num_segments, minibatch_size):
                 mb = slice(None) if order is None else order[first:first + minibatch_size]
                 mask = None if all_acting else b["masks"][mb]
-                loss, terms, logratio = self.minibatch_loss(b, mb, mask)
+                loss, terms, logratio = self.minibatch_loss(b, mb, mask, cfg.norm_adv and not normalize_once)
                 self.optimizer.zero_grad()
                 loss.backward()
                 if self.world > 1:
@@ -471,16 +477,13 @@ class PPO:
                 break
         return self._update_statistics(params, losses, kl_parts, positions, returns, start_time)
 
-    def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor | slice, mask: torch.Tensor | None
-                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor | slice, mask: torch.Tensor | None,
+                        normalize: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
         """CleanRL's PPO loss on the segments ``mb`` of the batch ``b``: ``(loss, (pg_loss, v_loss, entropy),
-        logratio)``. ``mask`` (the rows that acted) weighs every mean; None: every row counts."""
+        logratio)``. ``mask`` (the rows that acted) weighs every mean; None: every row counts. ``normalize``:
+        normalize the minibatch's advantages here (False: ``b`` holds them normalized already)."""
         cfg = self.config
-        if mask is None:
-            mean, count = torch.mean, None
-        else:
-            count = mask.sum().clamp(min=1).float()
-            mean = lambda x: torch.where(mask, x, 0.0).sum() / count  # noqa: E731 - masked rows weigh nothing
+        mean, count = _masked_mean(mask)
         # episode starts matter only to recurrent state (the MLP ignores them)
         states, starts = (tuple(s[mb] for s in b["states"]), b["starts"][mb]) if self.recurrent else ((), None)
         with self._autocast():
@@ -492,7 +495,7 @@ class PPO:
         ratio = logratio.exp()
 
         mb_advantages = b["advantages"][mb]
-        if cfg.norm_adv:
+        if normalize:
             mb_advantages = _normalize(mb_advantages, mean, count)
         neg_advantages = -mb_advantages
         pg_loss1 = neg_advantages * ratio
@@ -637,6 +640,14 @@ def _unb64(text: str) -> torch.Tensor:
 def _stops(answer: Any) -> bool:
     """A callback's answer asks to stop when it is false but not None (a numpy bool counts)."""
     return answer is not None and not bool(answer)
+
+
+def _masked_mean(mask: torch.Tensor | None) -> tuple[Callable, torch.Tensor | None]:
+    """``(mean, count)`` over the rows ``mask`` marks (masked rows weigh nothing); None: a plain mean."""
+    if mask is None:
+        return torch.mean, None
+    count = mask.sum().clamp(min=1).float()
+    return (lambda x: torch.where(mask, x, 0.0).sum() / count), count
 
 
 def _normalize(x: torch.Tensor, mean: Callable, count: torch.Tensor | None) -> torch.Tensor:
