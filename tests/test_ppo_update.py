@@ -53,3 +53,35 @@ def test_the_fallback_adam_is_torch_adam_with_cleanrl_eps_and_clipping_is_clip_g
         opt_ref.step()
         for p, q in zip(ours, ref):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+def test_advantages_normalized_once_per_update_give_the_step_of_normalizing_in_the_loss():
+    """With the whole batch as the one minibatch, update() normalizes the advantages once (the waiting agents'
+    masked rows left out) instead of in each epoch's loss. On a tictactoe rollout, its step equals one taken by
+    hand through the loss's own per-minibatch normalization of the raw advantages."""
+    from pettingzoo.classic import tictactoe_v3
+
+    def rollout():
+        env = vector.make(tictactoe_v3.env, 4, seed=0)
+        torch.manual_seed(0)
+        ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=12, num_minibatches=1, update_epochs=1))
+        ppo.collect()
+        env.close()
+        return ppo
+
+    ours, by_hand = rollout(), rollout()
+    assert not bool(ours.train_masks.all())  # some rows wait for their turn: the masked mean matters
+    ours.update()
+    advantages, returns = by_hand.advantages()
+    b = by_hand._batch()
+    b["advantages"], b["returns"] = by_hand._segments(advantages), by_hand._segments(returns)
+    by_hand.optimizer.zero_grad()
+    loss, _, _ = by_hand._minibatch_loss(b, slice(None), b["masks"], True)
+    loss.backward()
+    by_hand.optimizer.clip_grad_norm(by_hand.config.max_grad_norm)
+    by_hand.optimizer.step()
+    moved = False
+    for p, q, start in zip(ours.policy.parameters(), by_hand.policy.parameters(), rollout().policy.parameters()):
+        torch.testing.assert_close(p, q)
+        moved |= not torch.equal(p, start)
+    assert moved
