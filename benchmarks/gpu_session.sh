@@ -2,10 +2,14 @@
 # One prepared run on a borrowed CUDA machine (its python3 has torch, triton, numba, pytest and hypothesis,
 # and nothing can be downloaded there): the CUDA tests, then benchmarks/gpu_check.py. What the machine lacks
 # travels in .whl, named in the run's carry: wheels for its Python (gymnasium, Farama-Notifications, pettingzoo,
-# minigrid, mpe2, pygame-ce; `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# minigrid, mpe2, pygame-ce, stable-baselines3; `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 ...`) and pure-Python sdists (chess). Logs go to $OUT (default /tmp/gpu_session).
 #
-#     bash benchmarks/gpu_session.sh [TRAIN_SECONDS]
+#     bash benchmarks/gpu_session.sh [TRAIN_SECONDS] [LARGE_ENVS]
+#
+# Stages, most important first (each logs to $OUT as it goes, so a cut run keeps what it did): the CUDA tests,
+# gpu_check.py (the Triton kernel, PPO on 4096 Numba envs), then benchmarks/train.py --device cuda (CleanRL-style
+# file, SB3 and packrl side by side with their networks on the GPU; needs the stable-baselines3 wheel).
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
@@ -22,3 +26,5 @@ timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 -rs \
     tests/test_cuda_training.py tests/test_advantage.py tests/test_models_policy.py tests/test_nativize.py \
     tests/test_replay_device.py tests/test_optimizer.py 2>&1 | tee "$OUT/pytest.log" | tail -40
 timeout 200 python3 benchmarks/gpu_check.py --train-seconds "${1:-30}" 2>&1 | tee "$OUT/gpu_check.log"
+timeout 300 python3 benchmarks/train.py --device cuda --repeats 1 --steps 8192 --large-envs "${2:-512}" 2>&1 \
+    | tee "$OUT/train_cuda.log"

@@ -14,7 +14,10 @@ learning rate annealed to 0 in the CleanRL-style and packrl rows, as ppo.py and 
   the actor and critic heads: about half the multiply-adds of CleanRL's two networks);
 - gymnasium: packrl.vector.make(serial) over gymnasium CartPole-v1; numba: packrl's batched Numba CartPole.
 
-    python benchmarks/train.py [--steps 32768] [--repeats 3] [--large-envs 64]
+    python benchmarks/train.py [--steps 32768] [--repeats 3] [--large-envs 64] [--device cpu]
+
+``--device cuda`` puts every contender's network on the GPU (CleanRL's ``--cuda``, SB3's ``device``, packrl's
+``PPOConfig.device``); the envs stay on the CPU (benchmarks/gpu_session.sh runs it on a GPU machine).
 
 - ..., compile: ``PPOConfig(compile=True)`` (the rollout forward and the minibatch loss through torch.compile);
   its rate is measured after a first iteration, which compiles (seconds, more with a cold Inductor cache).
@@ -71,6 +74,7 @@ class CleanRLArgs:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
+    device: str = "cpu"  # ppo.py's --cuda: the agent and its buffers on this torch device
 
 
 def _layer(i: int, o: int, std: float = np.sqrt(2)) -> nn.Linear:
@@ -118,16 +122,17 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
-    agent = Agent(obs_dim, n_actions)
+    device = torch.device(args.device)
+    agent = Agent(obs_dim, n_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim))
-    actions = torch.zeros((args.num_steps, args.num_envs))
-    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs)) for _ in range(4))
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim)).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs)).to(device) for _ in range(4))
 
     global_step = 0
-    next_obs = torch.Tensor(envs.reset(seed=seed)[0])
-    next_done = torch.zeros(args.num_envs)
+    next_obs = torch.Tensor(envs.reset(seed=seed)[0]).to(device)
+    next_done = torch.zeros(args.num_envs).to(device)
     episode_return = np.zeros(args.num_envs)  # what RecordEpisodeStatistics sums in ppo.py
     start = time.perf_counter()
     spent = {"rollout": 0.0, "update": 0.0}
@@ -144,14 +149,14 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
             with torch.no_grad():
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
             values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
-            next_obs, reward, terminations, truncations, _ = envs.step(action.numpy())
+            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
-            rewards[step] = torch.tensor(reward)
+            rewards[step] = torch.tensor(reward).to(device).view(-1)
             episode_return += reward
             if next_done.any():
                 finished.extend(episode_return[next_done].tolist())
                 episode_return[next_done] = 0.0
-            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
+            next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
 
         toc = time.perf_counter()
         spent["rollout"] += toc - tic
@@ -212,10 +217,10 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
     return agent, global_step, elapsed
 
 
-def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS) -> Split:
+def cleanrl_rate(total_steps: int, seed: int = 0, num_envs: int = NUM_ENVS, device: str = "cpu") -> Split:
     """``cleanrl_ppo`` with ppo.py's defaults at ``num_envs`` envs, this file's throughput setting (128 steps,
     4 x 4 minibatches, Adam 2.5e-4 annealed): its seconds, steps and the rollout / update split."""
-    args = CleanRLArgs(num_envs=num_envs)
+    args = CleanRLArgs(num_envs=num_envs, device=device)
     phases: dict[str, float] = {}
     _, steps, seconds = cleanrl_ppo(total_steps, seed, args, phases=phases)
     iterations = steps // (num_envs * args.num_steps)
@@ -261,13 +266,13 @@ def env_only_seconds(total_steps: int, backend: str, num_envs: int = NUM_ENVS, s
 # ---------------------------------------------------------------- SB3 and packrl
 
 
-def sb3_ppo(total_steps: int, seed: int = 0) -> Split:
+def sb3_ppo(total_steps: int, seed: int = 0, device: str = "cpu") -> Split:
     from stable_baselines3 import PPO as SB3PPO
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env("CartPole-v1", n_envs=NUM_ENVS, seed=seed)
     model = SB3PPO("MlpPolicy", env, n_steps=NUM_STEPS, batch_size=NUM_ENVS * NUM_STEPS // MINIBATCHES,
-                   n_epochs=EPOCHS, learning_rate=LR, device="cpu", seed=seed,
+                   n_epochs=EPOCHS, learning_rate=LR, device=device, seed=seed,
                    policy_kwargs={"net_arch": [HIDDEN, HIDDEN]})
     start = time.perf_counter()
     model.learn(total_steps)
@@ -317,7 +322,7 @@ def cleanrl_network_policy(env):
 
 
 def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NUM_ENVS, network: str = "cleanrl",
-               compile: bool = False) -> Split:
+               compile: bool = False, device: str = "cpu") -> Split:
     """packrl PPO at this file's setting: its seconds, steps and the rollout / update split (PPO's own
     ``rollout_seconds`` and ``update_seconds``), the compiling first iteration left out."""
     from packrl import vector
@@ -329,7 +334,7 @@ def packrl_ppo(total_steps: int, backend: str, seed: int = 0, num_envs: int = NU
     torch.manual_seed(seed)
     policy = cleanrl_network_policy(env) if network == "cleanrl" else Policy.from_env(env, hidden=HIDDEN)
     ppo = PPO(env, policy, PPOConfig(num_steps=NUM_STEPS, update_epochs=EPOCHS, num_minibatches=MINIBATCHES,
-                                     learning_rate=LR, seed=seed, device="cpu", compile=compile))
+                                     learning_rate=LR, seed=seed, device=device, compile=compile))
     warmup = 0
     if compile:  # the first iteration compiles (seconds): the rate is measured on the iterations after it
         ppo.train(num_envs * NUM_STEPS)
@@ -374,30 +379,37 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for every contender")
     parser.add_argument("--large-envs", type=int, default=64, help="num_envs of the second like-for-like group (0: skip)")
+    parser.add_argument("--device", default="cpu", help="torch device of every contender's network (cpu, cuda)")
     args = parser.parse_args()
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
+    dev = args.device
     torch.set_num_threads(args.threads)
     big = args.large_envs
     big_steps = max(args.steps, 4 * big * NUM_STEPS)
     groups: dict[str, dict] = {
         f"{NUM_ENVS} envs": {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(args.steps),
-            "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps),
-            "packrl gymnasium, cleanrl net": lambda: packrl_ppo(args.steps, "serial"),
-            "packrl numba, cleanrl net": lambda: packrl_ppo(args.steps, "numba"),
-            "packrl gymnasium, default policy": lambda: packrl_ppo(args.steps, "serial", network="default"),
-            "packrl numba, default policy": lambda: packrl_ppo(args.steps, "numba", network="default"),
-            "packrl gymnasium, default, compile": lambda: packrl_ppo(args.steps, "serial", network="default", compile=True),
-            "packrl numba, default, compile": lambda: packrl_ppo(args.steps, "numba", network="default", compile=True),
+            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(args.steps, device=dev),
+            "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps, device=dev),
+            "packrl gymnasium, cleanrl net": lambda: packrl_ppo(args.steps, "serial", device=dev),
+            "packrl numba, cleanrl net": lambda: packrl_ppo(args.steps, "numba", device=dev),
+            "packrl gymnasium, default policy": lambda: packrl_ppo(args.steps, "serial", network="default", device=dev),
+            "packrl numba, default policy": lambda: packrl_ppo(args.steps, "numba", network="default", device=dev),
+            "packrl gymnasium, default, compile": lambda: packrl_ppo(args.steps, "serial", network="default", compile=True,
+                                                                     device=dev),
+            "packrl numba, default, compile": lambda: packrl_ppo(args.steps, "numba", network="default", compile=True,
+                                                                 device=dev),
         },
     }
     if big:
         groups[f"{big} envs"] = {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(big_steps, num_envs=big),
-            "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big),
-            "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default"),
+            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(big_steps, num_envs=big, device=dev),
+            "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big, device=dev),
+            "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default",
+                                                               device=dev),
         }
     envs = {f"{NUM_ENVS} envs": (NUM_ENVS, args.steps), f"{big} envs": (big, big_steps)}
-    packrl_ppo(NUM_ENVS * NUM_STEPS, "numba")  # warm-up: Numba compilation, imports
+    packrl_ppo(NUM_ENVS * NUM_STEPS, "numba", device=dev)  # warm-up: Numba compilation, imports (and CUDA's start)
     results = {g: {name: [] for name in runs} for g, runs in groups.items()}
     floors = {g: {backend: [] for backend in FLOORS} for g in groups}  # seconds per agent step of the env alone
     for _ in range(args.repeats):  # interleaved, so load changes hit every contender alike
@@ -408,7 +420,8 @@ def main() -> None:
             for backend in FLOORS:
                 floors[g][backend].append(env_only_seconds(steps, backend, num_envs) / (steps // num_envs * num_envs))
     print(f"CartPole PPO training throughput, {args.repeats} repeats, {NUM_STEPS} steps per env per iteration, "
-          f"{EPOCHS}x{MINIBATCHES} minibatches, {HIDDEN} hidden, torch threads {args.threads}")
+          f"{EPOCHS}x{MINIBATCHES} minibatches, {HIDDEN} hidden, torch threads {args.threads}, device {dev}"
+          + (f" ({torch.cuda.get_device_name()})" if dev != "cpu" else ""))
     print(machine_line(("stable_baselines3",)))
     for g, rows in results.items():
         steps = args.steps if g.startswith(f"{NUM_ENVS} ") else big_steps
