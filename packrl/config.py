@@ -165,7 +165,7 @@ TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
     "bootstrap_truncation": ("bootstrap V(final observation) on truncation (false: treat it as termination)", None),
     "bptt_horizon": ("recurrent segment length (none: num_steps)", POSITIVE_INT),
     "bf16": ("bfloat16 autocast for the forward passes", None),
-    "compile": ("torch.compile the policy's forward passes", None),
+    "compile": ("torch.compile the minibatch loss (and, off CPU, the rollout forward)", None),
     "seed": ("seed of torch, the envs and the minibatch order", Range(0, 2**63 - 2**32)),
     "device": ("training device: auto (cuda when present), cpu, cuda, cuda:N, mps", None),
 }

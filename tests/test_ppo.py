@@ -128,9 +128,9 @@ def test_two_gloo_ranks_hold_identical_weights_after_updates(tmp_path):
 
 
 def test_compile_flag_trains_and_updates_weights():
-    """PPOConfig(compile=True): the rollout and training forwards run through torch.compile (Inductor on
-    CPU), without graph breaks; two iterations train, the weights change, and the compiled rollout
-    forward agrees with the eager one."""
+    """PPOConfig(compile=True) on CPU: the minibatch loss (forward, losses and their backward) runs through
+    torch.compile (Inductor), without graph breaks, and agrees with the eager loss; the rollout forward stays
+    eager on CPU (compiled, it was slower at rollout batch sizes); two iterations train and the weights change."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -138,17 +138,21 @@ def test_compile_flag_trains_and_updates_weights():
     env = vector.make(lambda: gym.make("CartPole-v1"), 2, seed=0)
     ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1,
                                                                compile=True))
+    assert ppo.forward_eval == ppo.policy.forward_eval  # eager on CPU
     before = [p.detach().clone() for p in ppo.policy.parameters()]
     history = ppo.train(2 * 8 * 2)
     assert len(history) == 2 and all(np.isfinite(h["v_loss"]) for h in history)
     assert any(not torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
-    assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])  # forward_eval and forward compiled
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])  # the minibatch loss
     assert not counters["graph_break"], dict(counters["graph_break"])
-    with torch.no_grad():
-        want_logits, want_values, _ = ppo.policy.forward_eval(ppo.obs[0], ())
-        got_logits, got_values, _ = ppo.forward_eval(ppo.obs[0], ())
-    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got_values, want_values, rtol=1e-4, atol=1e-5)
+    advantages, returns = ppo.advantages()
+    b = ppo._batch()
+    b["advantages"], b["returns"] = ppo._segments(advantages), ppo._segments(returns)
+    want_loss, want_terms, _ = ppo._minibatch_loss(b, slice(None), None)
+    got_loss, got_terms, _ = ppo.minibatch_loss(b, slice(None), None)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-4, atol=1e-5)
+    for got, want in zip(got_terms, want_terms):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_host_staging_path_stores_what_the_numpy_path_stores():
