@@ -1,31 +1,17 @@
 """The CleanRL-style PPO file of benchmarks/train.py as benchmarks/learning.py runs it (issue 21's CleanRL column):
 whole iterations, a callback per iteration with that rollout's finished CartPole returns, same seed same run,
 and the greedy evaluation. Bounded by steps; learning.py measures time to threshold."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    if name not in sys.modules:  # learning.py imports train.py and common.py by their names, as a script does
-        sys.path.insert(0, str(BENCHMARKS))
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.benchmark_modules import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def learning():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as learning.py runs every contender; tiny batches on 2 busy cores crawl with more
-    yield _load("learning")
+    yield load_benchmark("learning")
     torch.set_num_threads(threads)
 
 

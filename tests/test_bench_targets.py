@@ -2,42 +2,28 @@
 arithmetic (benchmarks/targets.py) on numbers on either side of each target, the rows each benchmark builds from its
 results, and the splits that real short runs hand to them. No timing is asserted: every figure here is crafted or
 only checked for how its parts add up."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    if name not in sys.modules:  # the benchmarks import each other by module name, as a script does
-        sys.path.insert(0, str(BENCHMARKS))
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.benchmark_modules import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def targets():
-    return _load("targets")
+    return load_benchmark("targets")
 
 
 @pytest.fixture(scope="module")
 def learning():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield _load("learning")
+    yield load_benchmark("learning")
     torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def train():
-    return _load("train")
+    return load_benchmark("train")
 
 
 # a Numba CartPole run like the third round's: 7.97 s to 475 at 34,816 steps, 136 iterations of 20 minibatches
