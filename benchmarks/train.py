@@ -101,6 +101,14 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
+def sync_cartpoles(num_envs: int) -> gym.vector.SyncVectorEnv:
+    """The CleanRL-style file's envs: ``num_envs`` CartPole-v1 in gymnasium's SyncVectorEnv. ppo.py was written for
+    gymnasium 0.29, whose vector envs reset a finished env within the same step; 1.x defaults to resetting on the
+    next step and ignoring that step's action, which its dones bookkeeping does not expect."""
+    return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
 def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs(),
                 callback: Callable[[int, list[float]], object] | None = None,
                 phases: dict[str, float] | None = None) -> tuple[Agent, int, float]:
@@ -116,11 +124,7 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-    # ppo.py was written for gymnasium 0.29, whose vector envs reset a finished env within the same step; 1.x
-    # defaults to resetting on the next step and ignoring that step's action, which its dones bookkeeping
-    # does not expect
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(args.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = sync_cartpoles(args.num_envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     device = torch.device(args.device)
     agent = Agent(obs_dim, n_actions).to(device)
@@ -247,8 +251,7 @@ def env_only_seconds(total_steps: int, backend: str, num_envs: int = NUM_ENVS, s
                     env.reset()
         return time.perf_counter() - start
     if backend == "sync":
-        envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
-                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = sync_cartpoles(num_envs)
         envs.reset(seed=seed)
     else:
         from packrl import vector
@@ -389,7 +392,7 @@ def main() -> None:
     big_steps = max(args.steps, 4 * big * NUM_STEPS)
     groups: dict[str, dict] = {
         f"{NUM_ENVS} envs": {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(args.steps, device=dev),
+            ANCHOR: lambda: cleanrl_rate(args.steps, device=dev),
             "sb3 PPO (gymnasium)": lambda: sb3_ppo(args.steps, device=dev),
             "packrl gymnasium, cleanrl net": lambda: packrl_ppo(args.steps, "serial", device=dev),
             "packrl numba, cleanrl net": lambda: packrl_ppo(args.steps, "numba", device=dev),
@@ -403,7 +406,7 @@ def main() -> None:
     }
     if big:
         groups[f"{big} envs"] = {
-            "cleanrl-style (gymnasium)": lambda: cleanrl_rate(big_steps, num_envs=big, device=dev),
+            ANCHOR: lambda: cleanrl_rate(big_steps, num_envs=big, device=dev),
             "packrl numba, cleanrl net": lambda: packrl_ppo(big_steps, "numba", num_envs=big, device=dev),
             "packrl numba, default policy": lambda: packrl_ppo(big_steps, "numba", num_envs=big, network="default",
                                                                device=dev),
@@ -425,7 +428,7 @@ def main() -> None:
     print(machine_line(("stable_baselines3",)))
     for g, rows in results.items():
         steps = args.steps if g.startswith(f"{NUM_ENVS} ") else big_steps
-        base = statistics.median(run.rate for run in rows["cleanrl-style (gymnasium)"])
+        base = statistics.median(run.rate for run in rows[ANCHOR])
         print(f"\n{g} ({steps} agent steps a run)")
         print(f"{'contender':34} {'median steps/s':>15} {'min':>9} {'max':>9} {'vs cleanrl':>11}")
         for name, runs in rows.items():

@@ -43,10 +43,9 @@ def find_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, Pat
     return max(readable, key=lambda item: item[0])[1], path
 
 
-def checkpoint_in(path: str | Path, what: str) -> Path:
-    """The checkpoint folder that ``path`` names: itself, or a run folder's newest loadable checkpoint
-    (``find_checkpoint``); anything else is passed on as given, for the loader to refuse by name."""
+def checkpoint_in(path: str | Path) -> Path:
+    """The checkpoint folder that a command's CHECKPOINT argument names: a run folder's newest loadable
+    checkpoint (``find_checkpoint``), or ``path`` as given, for the loader to refuse by name if it is none.
+    Errors name the argument (``checkpoint PATH: ...``); the command prefixes its own name."""
     path = Path(path)
-    if is_run_folder(path) and not (path / "metadata.json").exists():
-        return find_checkpoint(path, what)[0]
-    return path
+    return find_checkpoint(path, "checkpoint")[0] if is_run_folder(path) else path

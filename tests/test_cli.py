@@ -51,7 +51,7 @@ def test_train_then_eval_a_numba_env(tmp_path, capsys):
     assert f"checkpoint: {out / 'checkpoint'}" in printed.replace("\n", "") and "mean return" in printed
     (out / "checkpoint" / "metadata.json").unlink()  # no loadable checkpoint left: one line naming the folder, exit 2
     assert main(["eval", str(out), "--episodes", "4"]) == 2
-    assert f"packrl eval {out}: no loadable checkpoint in it" in capsys.readouterr().err
+    assert f"packrl eval: checkpoint {out}: no loadable checkpoint in it" in capsys.readouterr().err
 
 
 def test_config_file_then_flags(tmp_path):

@@ -58,7 +58,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
 
     console = Console()
     _check_device(device)
-    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint, "packrl eval"))
+    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint))
     if checkpoint != given:
         console.print(f"checkpoint: {escape(checkpoint)}")
     num_envs = num_envs or min(episodes, 8)

@@ -48,7 +48,7 @@ def inspect_command(checkpoint: str, as_json: bool = False) -> int:
     from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, read_header, read_metadata, verify
     from packrl.run_folders import checkpoint_in
 
-    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint, "packrl inspect"))
+    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint))
     if checkpoint != given and not as_json:
         print(f"checkpoint: {checkpoint}")
     metadata = read_metadata(checkpoint)
