@@ -52,6 +52,25 @@ class NStepBatch:
     stamps: np.ndarray
 
 
+@dataclass
+class SequenceBatch:
+    """``batch_size`` sequences of ``L`` steps (``ReplayBuffer.sample_sequences``). ``observations``: ``(batch,
+    L + 1, ...)``, place t + 1 the successor of step t; ``actions``, ``rewards``, ``discounts`` (gamma, or 0
+    after a termination) and ``masks`` (step t is real): ``(batch, L, ...)``; ``weights``: importance weights
+    per sequence (ones when uniform). ``rows``, ``indices`` (the flat slot each sequence starts at) and
+    ``stamps`` stay numpy, for ``update_priorities``."""
+
+    observations: Any
+    actions: Any
+    rewards: Any
+    discounts: Any
+    masks: Any
+    weights: Any
+    rows: np.ndarray
+    indices: np.ndarray
+    stamps: np.ndarray
+
+
 class ReplayBuffer:
     """``capacity`` slots per row for ``num_rows`` rows (the vector env's agents).
 
@@ -59,12 +78,20 @@ class ReplayBuffer:
     instead of as rows, and ``observation_shape``/``dtype`` default to its packed rows. ``prioritized``:
     proportional prioritized replay (Schaul et al. 2016): P(i) = p_i**alpha / sum_j p_j**alpha, new
     transitions get the largest priority set so far, importance weights ``(N P(i))**-beta`` normalized by
-    the buffer's largest one. ``ReplayBuffer.for_env(env, capacity)`` reads all shapes from a packrl env."""
+    the buffer's largest one. ``ReplayBuffer.for_env(env, capacity)`` reads all shapes from a packrl env.
+
+    ``frame_stack=k`` (DrQ-v2's layout): each frame is stored once, and a sample's ``frame_stack_leaf`` (a
+    layout leaf: a top-level Dict key such as ``"image"``, a path tuple, or a leaf name such as
+    ``"['image']"``; the whole observation when there is no layout) comes back as the last ``k`` frames,
+    ``(batch, k, *leaf shape)``, oldest first. A stack never crosses an episode start: the places before
+    an episode's first frame repeat that frame (and, where the ring has overwritten the start of an episode,
+    the oldest frame still held). The other leaves are the current frame's."""
 
     def __init__(self, capacity: int, num_rows: int, observation_shape: tuple | None = None,
                  observation_dtype: Any = None, action_shape: tuple = (), action_dtype: Any = np.int64,
                  gamma: float = 0.99, seed: int | None = None, *, layout: Any = None, prioritized: bool = False,
-                 alpha: float = 0.6, beta: float = 0.4, priority_eps: float = 1e-6):
+                 alpha: float = 0.6, beta: float = 0.4, priority_eps: float = 1e-6, frame_stack: int = 1,
+                 frame_stack_leaf: Any = None):
         capacity, num_rows = _count("capacity", capacity, 2), _count("num_rows", num_rows, 1)
         if observation_shape is None or observation_dtype is None:
             if layout is None:
@@ -73,10 +100,15 @@ class ReplayBuffer:
         if not 0.0 <= float(gamma) <= 1.0:
             raise UsageError(f"ReplayBuffer gamma must be in [0, 1], got {gamma}")
         for name, value in (("alpha", alpha), ("beta", beta)):
-            if not 0.0 <= float(value):
-                raise UsageError(f"ReplayBuffer {name} must be >= 0, got {value}")
-        if not float(priority_eps) > 0.0:
-            raise UsageError(f"ReplayBuffer priority_eps must be > 0, got {priority_eps}")
+            if not 0.0 <= float(value) < math.inf:
+                raise UsageError(f"ReplayBuffer {name} must be finite and >= 0, got {value}")
+        if not float(priority_eps) > 0.0 or not math.isfinite(float(priority_eps)):
+            raise UsageError(f"ReplayBuffer priority_eps must be finite and > 0, got {priority_eps}")
+        self.frame_stack = _count("frame_stack", frame_stack, 1)
+        rows_are_layout = (layout is not None and tuple(observation_shape) == (layout.nbytes,)
+                           and np.dtype(observation_dtype) == np.uint8)
+        self.frame_stack_leaf, self._stacked = _stacked_leaf(layout if rows_are_layout else None, frame_stack_leaf,
+                                                             self.frame_stack)
         self.capacity, self.num_rows, self.gamma = capacity, num_rows, float(gamma)
         self.layout = layout
         self.prioritized, self.alpha, self.beta, self.priority_eps = bool(prioritized), float(alpha), float(beta), float(priority_eps)
@@ -213,21 +245,109 @@ class ReplayBuffer:
         stored_observations.take(flat, axis=0, out=host["observations"], mode="clip")
         stored_observations.take(next_flat, axis=0, out=host["next_observations"], mode="clip")
         stored_actions.take(flat, axis=0, out=host["actions"], mode="clip")
+        if self.frame_stack > 1:
+            self._gather_stacks(flat, host["stacks"])
+            self._gather_stacks(next_flat, host["next_stacks"])
         stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
         if device is None:
-            out = host
-            observations, next_observations = self._leaves(host["observations"]), self._leaves(host["next_observations"])
+            out, wrap = host, None
         elif device.type == "cpu":
             import torch
 
-            out = {name: torch.from_numpy(host[name]) for name in ("actions", "returns", "discounts", "weights")}
-            observations = self._leaves(host["observations"], torch.from_numpy)
-            next_observations = self._leaves(host["next_observations"], torch.from_numpy)
+            out, wrap = {name: torch.from_numpy(a) for name, a in host.items()}, torch.from_numpy
         else:
-            out = self._to_device(host, device)
-            observations, next_observations = self._native(out["observations"]), self._native(out["next_observations"])
+            out, wrap = self._to_device(host, device), None
+        source = host if device is not None and device.type == "cpu" else out  # CPU: views made in numpy, then wrapped
+        observations = self._observations(source["observations"], source.get("stacks"), wrap)
+        next_observations = self._observations(source["next_observations"], source.get("next_stacks"), wrap)
         return NStepBatch(observations, out["actions"], out["returns"], out["discounts"], next_observations,
                           out["weights"], steps, rows, flat, stamps)
+
+    def sample_sequences(self, batch_size: int, sequence_length: int, device: Any = None,
+                         beta: float | None = None) -> SequenceBatch:
+        """``batch_size`` sequences of ``sequence_length`` steps for recurrent off-policy learning (R2D2-style),
+        each starting at a slot drawn as ``sample`` draws transitions (uniform, or by priority with importance
+        weights). A sequence never crosses an episode end or the row's newest slot: ``masks[:, t]`` says step
+        t is real; past the last real step, observations and actions repeat the last real ones and rewards and
+        discounts are 0. ``observations`` has ``sequence_length + 1`` places: place t + 1 is the successor of
+        step t (the ended episode's final observation after its last step). Frame stacks, when the buffer
+        has them, are built for every place."""
+        batch_size, length = _count("batch_size", batch_size, 1), _count("sequence_length", sequence_length, 1)
+        held = int(self.held[0])
+        if held == 0:
+            raise UsageError("the replay buffer holds no transition yet (a row needs a step and its successor)")
+        flat, rows = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
+        replay_index.draw(self.rng.random(batch_size), self.starts, held, self.sums, flat, rows, self.num_rows)
+        observation_flat = np.empty((batch_size, length + 1), np.int64)
+        step_flat = np.empty((batch_size, length), np.int64)
+        host = {"rewards": np.empty((batch_size, length), np.float32),
+                "discounts": np.empty((batch_size, length), np.float32),
+                "masks": np.empty((batch_size, length), bool),
+                "weights": np.ones(batch_size, np.float32)}
+        replay_index.sequences(flat, length, self.ptr, self.count, self.last, self.rewards, self.discounts,
+                               observation_flat, step_flat, host["rewards"], host["discounts"], host["masks"])
+        if self.prioritized:
+            replay_index.importance_weights(self.sums, self.mins, flat, self.beta if beta is None else float(beta),
+                                            host["weights"])
+        stored_observations, stored_actions = self._flat_views()
+        host["observations"] = stored_observations[observation_flat]
+        host["actions"] = stored_actions[step_flat]
+        if self.frame_stack > 1:
+            host["stacks"] = np.empty((batch_size, length + 1, *self._stack_item()[0]), self._stack_item()[1])
+            self._gather_stacks(observation_flat.ravel(), host["stacks"].reshape(-1, *host["stacks"].shape[2:]))
+        stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
+        if device is None:
+            out = host
+        else:
+            import torch
+
+            out = {name: torch.from_numpy(a).to(torch.device(device)) for name, a in host.items()}
+        observations = self._observations(out["observations"], out.get("stacks"))
+        return SequenceBatch(observations, out["actions"], out["rewards"], out["discounts"], out["masks"],
+                             out["weights"], rows, flat, stamps)
+
+    def stack_indices(self, flat: np.ndarray) -> np.ndarray:
+        """The flat slots (``slot * num_rows + row``) of the frame stack of each flat slot in ``flat``:
+        ``(*flat.shape, frame_stack)``, oldest first."""
+        flat = np.ascontiguousarray(flat, np.int64)
+        out = np.empty((flat.size, self.frame_stack), np.int64)
+        replay_index.stack_frames(flat.ravel(), self.frame_stack, self.ptr, self.count, self.last, out)
+        return out.reshape(*flat.shape, self.frame_stack)
+
+    def _stack_item(self) -> tuple[tuple, np.dtype]:
+        """Shape and dtype of one stored frame of the stacked part: the leaf's bytes, or the whole observation."""
+        if self._stacked is None:
+            return (self.frame_stack, *self.observations.shape[2:]), self.observations.dtype
+        return (self.frame_stack, self.layout.leaves[self._stacked].nbytes), np.dtype(np.uint8)
+
+    def _gather_stacks(self, flat: np.ndarray, out: np.ndarray) -> None:
+        """The stacked part of each slot's frames into ``out`` ``(len(flat), k, ...)``."""
+        frames = self.stack_indices(flat)
+        stored = self._flat_views()[0]
+        if self._stacked is not None:
+            leaf = self.layout.leaves[self._stacked]
+            stored = stored[:, leaf.offset: leaf.offset + leaf.nbytes]
+        stored.take(frames.ravel(), axis=0, out=out.reshape(frames.size, *out.shape[2:]), mode="clip")
+
+    def _observations(self, rows: Any, stacks: Any, wrap: Any = None) -> Any:
+        """Sampled rows (numpy or torch) -> what a batch hands back: nativized leaves when the buffer has a
+        layout (``_stacked`` set or not None), with the stacked leaf (or the whole observation) replaced by
+        its frame stack; each result passed through ``wrap`` when given."""
+        wrap = wrap or (lambda value: value)
+        if self._stacked is None and (self.layout is None or rows.shape[-1:] != (self.layout.nbytes,)
+                                      or str(rows.dtype) not in ("uint8", "torch.uint8")):
+            return wrap(rows if stacks is None else stacks)  # no layout, or a Box stored as its own rows
+        if isinstance(rows, np.ndarray):
+            leaves = self._leaf_views(rows)
+        else:
+            from packrl.nativize import leaf_views
+
+            leaves = leaf_views(rows, self.layout)
+        if stacks is not None:
+            leaf = self.layout.leaves[self._stacked]
+            typed = stacks.view(leaf.dtype) if isinstance(stacks, np.ndarray) else stacks.view(_torch_dtype(leaf.dtype))
+            leaves[self._stacked] = typed.reshape(*stacks.shape[:-1], *leaf.shape)
+        return self.layout.unflatten([wrap(leaf) for leaf in leaves])
 
     def _flat_views(self) -> tuple[np.ndarray, np.ndarray]:
         """Observations and actions with (slot, row) as one flat axis (views: the storage is C-contiguous)."""
@@ -235,25 +355,14 @@ class ReplayBuffer:
         return (self.observations.reshape(slots, *self.observations.shape[2:]),
                 self.actions.reshape(slots, *self.actions.shape[2:]))
 
-    def _native(self, rows: Any) -> Any:
-        """Device tensors of rows -> the layout's structure of views, by ``packrl.nativize``."""
-        if self.layout is None:
-            return rows
-        from packrl.nativize import nativize
-
-        return nativize(rows, self.layout)
-
-    def _leaves(self, rows: np.ndarray, wrap: Any = None) -> Any:
-        """Host rows -> the layout's structure of zero-copy views, each passed through ``wrap``
-        (``torch.from_numpy`` for CPU tensors): what ``nativize`` gives, made from numpy views. On CPU that is
-        3-4x faster than nativize's three torch ops per leaf (about 35 against 120 µs for ten leaves), and
-        it avoids ``layout.unpack``, whose cache of the last rows' views would pin the sample's block."""
-        if self.layout is None or rows.dtype != np.uint8 or rows.shape[-1:] != (self.layout.nbytes,):
-            return rows if wrap is None else wrap(rows)  # no layout, or a Box stored as its own rows
+    def _leaf_views(self, rows: np.ndarray) -> list:
+        """Host rows -> one zero-copy numpy view per leaf: what ``nativize`` gives. On CPU the views are made
+        in numpy and each wrapped by ``torch.from_numpy`` after (see ``sample``): 3-4x faster than nativize's
+        three torch ops per leaf (about 35 against 120 µs for ten leaves), and it avoids ``layout.unpack``,
+        whose cache of the last rows' views would pin the sample's block."""
         batch = rows.shape[:-1]
-        views = [rows[..., leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(batch + tuple(leaf.shape))
-                 for leaf in self.layout.leaves]
-        return self.layout.unflatten(views if wrap is None else [wrap(v) for v in views])
+        return [rows[..., leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(batch + tuple(leaf.shape))
+                for leaf in self.layout.leaves]
 
     def _host_buffers(self, batch_size: int, cuda: bool) -> dict:
         """Host arrays for one sample: views into one recycled block (numpy, or CPU tensors' own memory), or,
@@ -275,6 +384,9 @@ class ReplayBuffer:
                   "actions": ((batch_size, *self.actions.shape[2:]), self.actions.dtype),
                   "returns": ((batch_size,), np.dtype(np.float32)), "discounts": ((batch_size,), np.dtype(np.float32)),
                   "weights": ((batch_size,), np.dtype(np.float32))}
+        if self.frame_stack > 1:
+            item, dtype = self._stack_item()
+            shapes["stacks"] = shapes["next_stacks"] = ((batch_size, *item), dtype)
         offsets, end = [], 0
         for shape, dtype in shapes.values():
             size = math.prod(shape) * dtype.itemsize
@@ -389,6 +501,29 @@ def _count(name: str, value: Any, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
         raise UsageError(f"ReplayBuffer {name} must be an int >= {least}, got {value!r}")
     return int(value)
+
+
+def _stacked_leaf(layout: Any, spec: Any, frame_stack: int) -> tuple[str | None, int | None]:
+    """``frame_stack_leaf`` -> (the leaf's name, its index in ``layout.leaves``); (None, None) stacks the whole
+    observation (no layout) or nothing (``frame_stack == 1`` and no leaf named)."""
+    if layout is None:
+        if spec is not None:
+            raise UsageError(f"ReplayBuffer frame_stack_leaf={spec!r} needs observations stored as a layout's rows "
+                             "(without them the whole observation is stacked: leave it None)")
+        return None, None
+    if spec is None:
+        if frame_stack == 1:
+            return None, None
+        if len(layout.leaves) != 1:
+            raise UsageError(f"ReplayBuffer frame_stack_leaf must name the leaf to stack, one of "
+                             f"{[leaf.name for leaf in layout.leaves]}")
+        return layout.leaves[0].name, 0
+    for i, leaf in enumerate(layout.leaves):
+        if spec == leaf.name or (isinstance(spec, tuple) and spec == leaf.path and leaf.field is None) or (
+                isinstance(spec, (str, int)) and (spec,) == leaf.path and leaf.field is None):
+            return leaf.name, i
+    raise UsageError(f"ReplayBuffer frame_stack_leaf={spec!r} is not a leaf of the layout; its leaves are "
+                     f"{[leaf.name for leaf in layout.leaves]}")
 
 
 def _torch_dtype(dtype: Any) -> Any:

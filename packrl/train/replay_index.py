@@ -134,3 +134,52 @@ def set_priorities(sums: np.ndarray, mins: np.ndarray, where: np.ndarray, stamps
         else:
             skipped += 1
     return skipped
+
+
+@njit(cache=True)
+def stack_frames(flat: np.ndarray, k: int, ptr: np.ndarray, count: np.ndarray, last: np.ndarray,
+                 out: np.ndarray) -> None:
+    """The ``k`` flat slots whose observations make the frame stack of slot ``flat[i]``, oldest first, into
+    ``out[i, :]`` (``out[i, k - 1] == flat[i]``). Walking back stops at an episode's first observation (its
+    predecessor is an episode's final observation) or at the row's oldest held slot; the remaining places
+    repeat the frame it stopped at, so a stack never holds a frame of another episode."""
+    capacity, num_rows = last.shape
+    for i in range(flat.size):
+        s, r = flat[i] // num_rows, flat[i] % num_rows
+        pos = (s - (ptr[r] - count[r])) % capacity
+        out[i, k - 1] = flat[i]
+        for j in range(k - 2, -1, -1):
+            if pos > 0 and not last[(s - 1) % capacity, r]:
+                s = (s - 1) % capacity
+                pos -= 1
+            out[i, j] = s * num_rows + r
+
+
+@njit(cache=True)
+def sequences(flat: np.ndarray, length: int, ptr: np.ndarray, count: np.ndarray, last: np.ndarray,
+              rewards: np.ndarray, discounts: np.ndarray, observation_flat: np.ndarray, step_flat: np.ndarray,
+              sequence_rewards: np.ndarray, sequence_discounts: np.ndarray, masks: np.ndarray) -> None:
+    """For each start ``flat[i]``: ``length`` steps from it, within its episode. Step t is real
+    (``masks[i, t]``) while slot ``start + t`` is a step (not a final observation) whose successor is held and
+    every step before it was real; ``observation_flat[i, t + 1]`` is then its successor. Past the last real
+    step, observations and steps repeat the last real ones, rewards and discounts are 0."""
+    capacity, num_rows = last.shape
+    for i in range(flat.size):
+        s, r = flat[i] // num_rows, flat[i] % num_rows
+        pos = (s - (ptr[r] - count[r])) % capacity
+        observation_flat[i, 0] = flat[i]
+        alive = True
+        for t in range(length):
+            slot = (s + t) % capacity
+            alive = alive and not last[slot, r] and pos + t + 1 < count[r]
+            masks[i, t] = alive
+            if alive:
+                step_flat[i, t] = slot * num_rows + r
+                sequence_rewards[i, t] = rewards[slot, r]
+                sequence_discounts[i, t] = discounts[slot, r]
+                observation_flat[i, t + 1] = ((s + t + 1) % capacity) * num_rows + r
+            else:
+                step_flat[i, t] = step_flat[i, t - 1]  # t >= 1: a start's first step is always real
+                sequence_rewards[i, t] = 0.0
+                sequence_discounts[i, t] = 0.0
+                observation_flat[i, t + 1] = observation_flat[i, t]

@@ -2,8 +2,16 @@
 
     buffer/
       replay.safetensors   every array (storage, the set of starts, the sum trees), no pickle
-      replay.json          shapes, dtypes, gamma, layout, priority settings, the RNG's state, and the
-                           SHA-256 of replay.safetensors, checked before a single array is read
+      replay.json          shapes, dtypes, gamma, layout, priority and frame-stack settings, the RNG's state,
+                           ``arrays_sha256`` (of replay.safetensors) and ``sha256``: the manifest hash
+
+The manifest hash is ``packrl.checkpoint.manifest_sha256``: the SHA-256 of the canonical JSON of replay.json
+without ``sha256`` itself. As replay.json holds the arrays' hash, it covers both files: every setting that
+changes sampling (gamma, alpha, beta, priority_eps, max_priority, frame_stack, the RNG state, ...) is under it,
+so an edit to either file is refused. Loading checks, in order, before any array is allocated: the format,
+the manifest hash, each field's type and range, the arrays' hash, and the safetensors header (names, dtypes
+and shapes against the ones the metadata makes). Every failure is one ``CheckpointError`` line naming the
+file and the field or array.
 
 Nothing in the files chooses code: dtypes must be plain numeric names, the RNG's bit generator one of
 NumPy's by name from a fixed table, the layout plain data.
@@ -11,15 +19,16 @@ NumPy's by name from a fixed table, the layout plain data.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packrl.checkpoint import CheckpointError, sha256_file
+from packrl.checkpoint import CheckpointError, manifest_sha256, read_header, sha256_file
 
-FORMAT = "packrl.replay/1"
+FORMAT = "packrl.replay/2"  # 1: gamma and the priority settings were outside the hash; refused with a message
 ARRAYS, METADATA = "replay.safetensors", "replay.json"
 STATE = ("observations", "actions", "rewards", "discounts", "last", "ptr", "count", "starts", "where", "held",
          "sums", "mins", "stamps", "clock")
@@ -38,7 +47,7 @@ def save_buffer(buffer: Any, path: str | Path) -> Path:
     tmp.replace(arrays)  # a crash mid-write never leaves a half file under the real name
     metadata = {
         "format": FORMAT,
-        "sha256": sha256_file(arrays),
+        "arrays_sha256": sha256_file(arrays),
         "capacity": buffer.capacity,
         "num_rows": buffer.num_rows,
         "observation_shape": list(buffer.observations.shape[2:]),
@@ -52,42 +61,52 @@ def save_buffer(buffer: Any, path: str | Path) -> Path:
         "beta": buffer.beta,
         "priority_eps": buffer.priority_eps,
         "max_priority": buffer.max_priority,
+        "frame_stack": buffer.frame_stack,
+        "frame_stack_leaf": buffer.frame_stack_leaf,
         "rng": buffer.rng.bit_generator.state,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    metadata["sha256"] = manifest_sha256(metadata)
     (path / METADATA).write_text(json.dumps(metadata, indent=2))
     return path
 
 
 def load_buffer(cls: type, path: str | Path) -> Any:
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     path = Path(path)
+    file = path / METADATA
     metadata = _read_metadata(path)
     arrays = path / ARRAYS
     if not arrays.is_file():
-        raise CheckpointError(f"{path}: {ARRAYS} is missing")
+        raise CheckpointError(f"{path}: {ARRAYS} is missing (or not a file)")
     actual = sha256_file(arrays)
-    if actual != metadata["sha256"]:
-        raise CheckpointError(f"{arrays}: SHA-256 {actual} does not match {METADATA}'s {metadata['sha256']}; the file "
-                              "was changed or corrupted after it was saved")
+    if actual != metadata["arrays_sha256"]:
+        raise CheckpointError(f"{arrays}: SHA-256 {actual} does not match {METADATA}'s arrays_sha256 "
+                              f"{metadata['arrays_sha256']}; the file was changed or corrupted after it was saved")
     layout = None
     if metadata["layout"] is not None:
         from packrl.emulation.layout import Layout
 
         try:
             layout = Layout.from_dict(metadata["layout"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{path / METADATA}: field 'layout' is not a packrl layout ({err})") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise CheckpointError(f"{file}: field 'layout' is not a packrl layout ({_first_line(err)})") from None
+    observation_dtype, action_dtype = _dtype(metadata, "observation_dtype", path), _dtype(metadata, "action_dtype", path)
+    _check_header(metadata, arrays, observation_dtype, action_dtype)  # before the buffer's arrays are allocated
     try:
         buffer = cls(metadata["capacity"], metadata["num_rows"], tuple(metadata["observation_shape"]),
-                     _dtype(metadata, "observation_dtype", path), tuple(metadata["action_shape"]),
-                     _dtype(metadata, "action_dtype", path), gamma=metadata["gamma"], layout=layout,
-                     prioritized=metadata["prioritized"], alpha=metadata["alpha"], beta=metadata["beta"],
-                     priority_eps=metadata["priority_eps"])
+                     observation_dtype, tuple(metadata["action_shape"]), action_dtype, gamma=metadata["gamma"],
+                     layout=layout, prioritized=metadata["prioritized"], alpha=metadata["alpha"],
+                     beta=metadata["beta"], priority_eps=metadata["priority_eps"],
+                     frame_stack=metadata["frame_stack"], frame_stack_leaf=metadata["frame_stack_leaf"])
     except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{path / METADATA}: {err}") from None
-    stored = load_file(str(arrays))
+        raise CheckpointError(f"{file}: {_first_line(err)}") from None
+    try:
+        stored = load_file(str(arrays))
+    except (SafetensorError, ValueError, OSError) as err:
+        raise CheckpointError(f"{arrays}: unreadable safetensors data ({_first_line(err)})") from None
     for name in STATE:
         mine = getattr(buffer, name)
         if name not in stored:
@@ -100,6 +119,47 @@ def load_buffer(cls: type, path: str | Path) -> Any:
     buffer.max_priority = float(metadata["max_priority"])
     buffer.rng = np.random.Generator(_bit_generator(metadata["rng"], path))
     return buffer
+
+
+SAFETENSORS_DTYPES = {"b": {1: "BOOL"}, "u": {1: "U8", 2: "U16", 4: "U32", 8: "U64"},
+                      "i": {1: "I8", 2: "I16", 4: "I32", 8: "I64"}, "f": {2: "F16", 4: "F32", 8: "F64"}}
+
+
+def _check_header(metadata: dict, arrays: Path, observation_dtype: np.dtype, action_dtype: np.dtype) -> None:
+    """The safetensors header (read alone, checked by ``packrl.checkpoint.read_header``: offsets inside the file,
+    sizes that match the shapes) against the arrays the metadata makes: exactly ``STATE``, each of its dtype and
+    shape. So a header that claims more than the file holds, or a metadata that asks for a buffer far larger
+    than the file, is refused before anything is allocated."""
+    tensors, _ = read_header(arrays)
+    capacity, rows = metadata["capacity"], metadata["num_rows"]
+    slots = capacity * rows
+    tree = 2 * (1 << max(slots - 1, 0).bit_length()) if metadata["prioritized"] else 0
+    expected = {
+        "observations": (observation_dtype, (capacity, rows, *metadata["observation_shape"])),
+        "actions": (action_dtype, (capacity, rows, *metadata["action_shape"])),
+        "rewards": (np.dtype(np.float32), (capacity, rows)), "discounts": (np.dtype(np.float32), (capacity, rows)),
+        "last": (np.dtype(bool), (capacity, rows)), "ptr": (np.dtype(np.int64), (rows,)),
+        "count": (np.dtype(np.int64), (rows,)), "starts": (np.dtype(np.int64), (slots,)),
+        "where": (np.dtype(np.int64), (slots,)), "held": (np.dtype(np.int64), (1,)),
+        "sums": (np.dtype(np.float64), (tree,)), "mins": (np.dtype(np.float64), (tree,)),
+        "stamps": (np.dtype(np.int64), (slots if metadata["prioritized"] else 0,)),
+        "clock": (np.dtype(np.int64), (1,)),
+    }
+    for name in sorted(set(tensors) - set(expected)):
+        raise CheckpointError(f"{arrays}: array {name!r} is not one a replay buffer holds")
+    for name, (dtype, shape) in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"{arrays}: array {name!r} is missing")
+        want = SAFETENSORS_DTYPES[dtype.kind][dtype.itemsize]
+        got = tensors[name]
+        if got.dtype != want or got.shape != tuple(shape):
+            raise CheckpointError(f"{arrays}: array {name!r} is {got.dtype} {list(got.shape)}, the metadata makes it "
+                                  f"{want} {list(shape)}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _check_index(buffer: Any, arrays: Path) -> None:
@@ -140,30 +200,62 @@ def _tree_consistent(sums: np.ndarray, mins: np.ndarray, where: np.ndarray, slot
     return True
 
 
+MAX_METADATA_BYTES = 100_000_000  # a layout of a few thousand leaves is well under 1 MB
+FIELDS = {"arrays_sha256": str, "capacity": int, "num_rows": int, "observation_shape": list, "observation_dtype": str,
+          "action_shape": list, "action_dtype": str, "gamma": float, "prioritized": bool, "alpha": float,
+          "beta": float, "priority_eps": float, "max_priority": float, "frame_stack": int, "rng": dict}
+
+
 def _read_metadata(path: Path) -> dict:
+    """replay.json, parsed and checked: the format, the manifest hash, then every field's type and range."""
     file = path / METADATA
     if not file.is_file():
         raise CheckpointError(f"{path}: no {METADATA} (is this a saved packrl replay buffer?)")
+    if file.stat().st_size > MAX_METADATA_BYTES:
+        raise CheckpointError(f"{file}: {file.stat().st_size} bytes, more than any replay metadata ({MAX_METADATA_BYTES})")
     try:
-        metadata = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+        metadata = json.loads(file.read_bytes(), parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as err:
+        raise CheckpointError(f"{file}: not valid JSON ({_first_line(err)})") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         got = metadata.get("format") if isinstance(metadata, dict) else type(metadata).__name__
-        raise CheckpointError(f"{file}: format {got!r}, expected {FORMAT!r}")
-    fields = {"sha256": str, "capacity": int, "num_rows": int, "observation_shape": list, "observation_dtype": str,
-              "action_shape": list, "action_dtype": str, "gamma": (int, float), "prioritized": bool,
-              "alpha": (int, float), "beta": (int, float), "priority_eps": (int, float), "max_priority": (int, float),
-              "rng": dict}
-    for name, kind in fields.items():
-        if not isinstance(metadata.get(name), kind) or (kind is int and isinstance(metadata[name], bool)):
-            raise CheckpointError(f"{file}: field {name!r} is missing or not a {getattr(kind, '__name__', 'number')}")
+        hint = "; saved by an older packrl, whose format left gamma and the priorities outside the hash: save it again" \
+            if got == "packrl.replay/1" else ""
+        raise CheckpointError(f"{file}: format {_short(got)}, expected {FORMAT!r}{hint}")
+    if not isinstance(metadata.get("sha256"), str):
+        raise CheckpointError(f"{file}: field 'sha256' is missing or not a str")
+    recorded = manifest_sha256(metadata)
+    if recorded != metadata["sha256"]:
+        raise CheckpointError(f"{file}: field 'sha256' {_short(metadata['sha256'])} does not match the manifest hash "
+                              f"{recorded}; the metadata was changed after saving")
+    for name, kind in FIELDS.items():
+        value = metadata.get(name)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)) \
+            if kind is float else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise CheckpointError(f"{file}: field {name!r} is missing or not a "
+                                  f"{'finite number' if kind is float else kind.__name__}, got {_short(value)}")
     for name in ("observation_shape", "action_shape"):
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in metadata[name]):
-            raise CheckpointError(f"{file}: field {name!r} must be a list of non-negative ints, got {metadata[name]}")
+            raise CheckpointError(f"{file}: field {name!r} must be a list of non-negative ints, got {_short(metadata[name])}")
+    for name in ("capacity", "num_rows", "frame_stack", "max_priority"):
+        if not metadata[name] > 0:
+            raise CheckpointError(f"{file}: field {name!r} must be > 0, got {metadata[name]}")
     if "layout" not in metadata or not (metadata["layout"] is None or isinstance(metadata["layout"], dict)):
         raise CheckpointError(f"{file}: field 'layout' must be null or a layout object")
+    leaf = metadata.get("frame_stack_leaf", 0)
+    if not (leaf is None or isinstance(leaf, str)):
+        raise CheckpointError(f"{file}: field 'frame_stack_leaf' must be null or a leaf name, got {_short(leaf)}")
     return metadata
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _dtype(metadata: dict, name: str, path: Path) -> np.dtype:
@@ -171,21 +263,21 @@ def _dtype(metadata: dict, name: str, path: Path) -> np.dtype:
     text = metadata[name]
     try:
         dtype = np.dtype(text)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         dtype = None
-    if dtype is None or dtype.kind not in "biuf" or dtype.str != text:
+    if dtype is None or dtype.kind not in "biuf" or dtype.str != text or dtype.itemsize not in SAFETENSORS_DTYPES[dtype.kind]:
         raise CheckpointError(f"{path / METADATA}: field {name!r} must be a numeric dtype string such as '<f4', got {text!r}")
     return dtype
 
 
 def _bit_generator(state: dict, path: Path) -> np.random.BitGenerator:
     name = state.get("bit_generator")
-    if name not in BIT_GENERATORS:
-        raise CheckpointError(f"{path / METADATA}: field 'rng' names bit generator {name!r}; "
+    if not isinstance(name, str) or name not in BIT_GENERATORS:
+        raise CheckpointError(f"{path / METADATA}: field 'rng' names bit generator {_short(name)}; "
                               f"one of {sorted(BIT_GENERATORS)} expected")
     generator = BIT_GENERATORS[name]()
     try:
         generator.state = state
-    except (ValueError, TypeError, KeyError) as err:
-        raise CheckpointError(f"{path / METADATA}: field 'rng' is not a {name} state ({err})") from None
+    except (ValueError, TypeError, KeyError, OverflowError, AttributeError) as err:
+        raise CheckpointError(f"{path / METADATA}: field 'rng' is not a {name} state ({_first_line(err)})") from None
     return generator
