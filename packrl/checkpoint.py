@@ -45,6 +45,14 @@ PACKAGES = ("packrl", "torch", "numpy", "gymnasium", "pettingzoo", "numba", "saf
 
 MAX_HEADER_BYTES = 100 << 20
 """A safetensors header larger than this is refused unread (the format's own limit is 100 MB)."""
+MAX_METADATA_BYTES = 64 << 20
+"""A metadata.json larger than this is refused unread."""
+MAX_JSON_DEPTH = 256
+"""JSON nested deeper than this (arrays and objects) is refused before it is parsed: the standard library's
+parser recurses, and a file nested 100,000 deep would end in RecursionError. Layouts of spaces nested 60 deep
+stay far below it."""
+MAX_TENSORS = 1 << 16
+"""A safetensors header with more entries than this is refused (a policy has hundreds)."""
 
 DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
@@ -73,6 +81,49 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.end - self.start
+
+
+def json_depth(raw: bytes | str) -> int:
+    """The nesting depth of arrays and objects in JSON text (strings skipped), without recursion. Runs in C
+    but for the final count of the brackets, which are few in any real file."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+    brackets = _NOT_BRACKETS.sub(b"", _STRINGS.sub(b"", unescaped))
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in (91, 123):  # [ {
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
+
+
+_STRINGS = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = re.compile(rb"[^\[\]{}]+")
+
+
+def loads_bounded(raw: bytes | str, where: Any, what: str = "JSON", max_bytes: int = MAX_METADATA_BYTES,
+                  max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads(raw)`` after checking its size and nesting depth; CheckpointError naming ``where`` for
+    text that is too large, too deep, not UTF-8 or not JSON (a number of more digits than Python converts too)."""
+    if len(raw) > max_bytes:
+        raise CheckpointError(f"{where}: {what} of {len(raw):,} bytes is larger than the {max_bytes:,} bytes packrl reads")
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise CheckpointError(f"{where}: {what} nested {depth} deep; packrl reads at most {max_depth} levels")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{where}: not valid {what} ({_one_line(err)})") from None
+    except (ValueError, RecursionError) as err:  # an integer of more digits than int() takes
+        raise CheckpointError(f"{where}: {what} packrl cannot read ({_one_line(err)})") from None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -242,14 +293,17 @@ def read_metadata(path: str | Path) -> dict:
     file = folder / METADATA
     if not file.is_file():
         raise CheckpointError(f"{path}: no {METADATA} (is this a packrl checkpoint folder?)")
-    try:
-        metadata = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+    size = file.stat().st_size
+    if size > MAX_METADATA_BYTES:
+        raise CheckpointError(f"{file}: {size:,} bytes, larger than the {MAX_METADATA_BYTES:,} bytes packrl reads "
+                              "as checkpoint metadata")
+    with open(file, "rb") as f:
+        raw = f.read(MAX_METADATA_BYTES + 1)
+    metadata = loads_bounded(raw, file)
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(metadata).__name__}")
     if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{file}: field 'format' is {metadata.get('format')!r}, expected {FORMAT!r}")
+        raise CheckpointError(f"{file}: field 'format' is {_short(metadata.get('format'))}, expected {FORMAT!r}")
     for key, kind in (("config", dict), ("layouts", dict), ("sha256", str), ("weights_sha256", str)):
         if not isinstance(metadata.get(key), kind):
             raise CheckpointError(f"{file}: field {key!r} is missing or not a {'JSON object' if kind is dict else 'string'}")
@@ -281,12 +335,14 @@ def read_header(data_or_path: bytes | str | Path, where: str | Path | None = Non
         with open(data_or_path, "rb") as f:
             f.seek(8)
             raw = f.read(length)
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{where}: not a safetensors file (its header is not JSON)") from None
+    header = loads_bounded(raw, where, "safetensors header JSON", max_bytes=MAX_HEADER_BYTES, max_depth=8)
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: not a safetensors file (its header is not a JSON object)")
+    if len(header) > MAX_TENSORS + 1:
+        raise CheckpointError(f"{where}: the safetensors header lists {len(header):,} tensors; packrl reads at most "
+                              f"{MAX_TENSORS:,}")
+    if not isinstance(header.get("__metadata__", {}), (dict, type(None))):
+        raise CheckpointError(f"{where}: the safetensors header's __metadata__ is not a JSON object")
     extra = header.pop("__metadata__", None) or {}
     data_size = size - 8 - length
     tensors = {name: _tensor_info(name, entry, data_size, where) for name, entry in header.items()}

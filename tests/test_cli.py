@@ -90,7 +90,9 @@ def test_tensorboard_logs_when_asked(tmp_path):
     args = ["train", "CartPole-v1", "--num-envs", "2", "--total-steps", "64", "--no-live", "--out", str(tmp_path / "r"),
             "--train.num_steps", "32", "--tensorboard", str(tmp_path / "tb")]
     assert main(args) == 0
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+    # TensorBoard writes into a fresh subfolder named after the run, nowhere else
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["r"]
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb" / "r").iterdir())
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):

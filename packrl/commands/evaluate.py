@@ -52,15 +52,19 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from rich.table import Table
 
     from packrl.errors import EnvError
-    from packrl.run_folders import checkpoint_in
+    from packrl.run_folders import checkpoint_in, printable
     from packrl.train.evaluate import EvaluationError, evaluate
     from packrl.train.run import load_policy
 
     console = Console()
     _check_device(device)
-    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint))
+    given = checkpoint
+    found, skipped = checkpoint_in(checkpoint)
+    checkpoint = str(found)
+    for line in skipped:  # newer checkpoints that do not load: named, then passed over
+        console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
     if checkpoint != given:
-        console.print(f"checkpoint: {escape(checkpoint)}")
+        console.print(f"checkpoint: {escape(printable(checkpoint))}", highlight=False, soft_wrap=True)
     num_envs = num_envs or min(episodes, 8)
     policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,

@@ -1,27 +1,37 @@
 """``packrl inspect CHECKPOINT``: a checkpoint's metadata, layouts and tensor table, without loading it.
 
 Reads ``metadata.json`` and the safetensors header with the standard library (no torch, no numpy), checks
-both hashes, and prints. Nothing in the checkpoint is imported, called or allocated. Exit status: 0 when
+both hashes, and prints. Nothing in the checkpoint is imported, called or allocated. Every text read from the
+files is printed with its control characters escaped (``\\x1b``), long fields shortened (``--full`` prints
+them whole) and the RNG states of ``resume`` as a SHA-256 digest (``--full``: as stored). Exit status: 0 when
 the hashes match, 1 when they do not, 2 when the folder is not a readable checkpoint.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from typing import Any
 
+from packrl.run_folders import printable
+
 SUMMARY_FIELDS = ("format", "env_id", "seed", "global_step", "iteration", "created", "sha256", "weights_sha256")
+FIELD_CHARS = 400
+"""A field printed longer than this is cut (its length said) unless --full."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (metadata.json + model.safetensors), or a run folder "
                         "(its newest checkpoint)")
-    parser.add_argument("--json", action="store_true", help="print metadata and tensors as one JSON object")
+    parser.add_argument("--json", action="store_true", help="print metadata and tensors as one JSON object (ASCII: "
+                        "control characters escaped)")
+    parser.add_argument("--full", action="store_true", help="print long fields whole and the RNG states as stored "
+                        "(default: cut to %d characters, RNG states as a SHA-256 digest)" % FIELD_CHARS)
 
 
 def run(args: argparse.Namespace) -> int:
-    return inspect_command(args.checkpoint, as_json=args.json)
+    return inspect_command(args.checkpoint, as_json=args.json, full=args.full)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except PackrlError as err:
-        print(f"packrl inspect: {err}", file=sys.stderr)
+        print(f"packrl inspect: {printable(' '.join(str(err).split()))}", file=sys.stderr)
         return 2
 
 
@@ -44,13 +54,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")  # one line, exit 2
 
 
-def inspect_command(checkpoint: str, as_json: bool = False) -> int:
+def inspect_command(checkpoint: str, as_json: bool = False, full: bool = False) -> int:
     from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, read_header, read_metadata, verify
     from packrl.run_folders import checkpoint_in
 
-    given, checkpoint = checkpoint, str(checkpoint_in(checkpoint))
+    given = checkpoint
+    found, skipped = checkpoint_in(checkpoint)
+    checkpoint = str(found)
     if checkpoint != given and not as_json:
-        print(f"checkpoint: {checkpoint}")
+        print(printable(f"checkpoint: {checkpoint}"))
+    for line in skipped:
+        print(printable(f"skipped {line}"), file=sys.stderr)
     metadata = read_metadata(checkpoint)
     tensors, _ = read_header(checkpoint_folder(checkpoint) / WEIGHTS)
     try:
@@ -58,67 +72,90 @@ def inspect_command(checkpoint: str, as_json: bool = False) -> int:
         problem = None
     except CheckpointError as err:
         problem = str(err)
-    if as_json:
-        print(json.dumps({"metadata": metadata, "hashes_match": problem is None, "problem": problem,
+    shown = metadata if full else {**metadata, "resume": _rng_digests(metadata["resume"])} if "resume" in metadata \
+        else metadata
+    if as_json:  # ensure_ascii: every control character is an escape
+        print(json.dumps({"metadata": shown, "hashes_match": problem is None, "problem": problem, "skipped": skipped,
                           "tensors": {t.name: {"dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes}
-                                      for t in tensors.values()}}, indent=2))
+                                      for t in tensors.values()}}, indent=2, ensure_ascii=True))
     else:
-        _print(checkpoint, metadata, tensors, problem)
+        _print(checkpoint, shown, tensors, problem, full)
     return 0 if problem is None else 1
 
 
-def _print(checkpoint: str, metadata: dict, tensors: dict, problem: str | None) -> None:
+def _rng_digests(resume: Any) -> Any:
+    """``resume`` with each RNG state replaced by ``sha256:<first 16 hex digits> (<n> bytes of JSON)``."""
+    if not isinstance(resume, dict) or not isinstance(resume.get("rng"), dict):
+        return resume
+    return {**resume, "rng": {name: _digest(state) for name, state in resume["rng"].items()}}
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return f"sha256:{hashlib.sha256(text).hexdigest()[:16]} ({len(text):,} bytes of JSON; --full shows it)"
+
+
+def _print(checkpoint: str, metadata: dict, tensors: dict, problem: str | None, full: bool = False) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    summary = Table(title=escape(f"checkpoint {checkpoint}"), show_header=False)
+
+    def shown(value: Any) -> str:
+        return escape(_text(value, full))
+
+    summary = Table(title=escape(printable(f"checkpoint {checkpoint}")), show_header=False)
     summary.add_column("field", style="bold")
     summary.add_column("value", overflow="fold")
     for key in SUMMARY_FIELDS:
         if key in metadata:
-            summary.add_row(key, escape(_text(metadata[key])))
-    summary.add_row("hashes", "[green]match[/green]" if problem is None else f"[red]{escape(problem)}[/red]")
+            summary.add_row(key, shown(metadata[key]))
+    summary.add_row("hashes", "[green]match[/green]" if problem is None else f"[red]{escape(printable(problem))}[/red]")
     for key, value in metadata.items():
         if key not in SUMMARY_FIELDS and key not in ("layouts", "optimizer"):
-            summary.add_row(key, escape(_text(value)))
+            summary.add_row(escape(_text(key, full)), shown(value))
     if metadata.get("optimizer") is not None:
         groups = metadata["optimizer"].get("param_groups", []) if isinstance(metadata["optimizer"], dict) else []
-        summary.add_row("optimizer", escape(f"{len(groups)} param group(s): "
-                                            + _text([{k: v for k, v in g.items() if k != 'params'} for g in groups
-                                                     if isinstance(g, dict)])))
+        summary.add_row("optimizer", escape(f"{len(groups)} param group(s): ") + shown(
+            [{k: v for k, v in g.items() if k != 'params'} for g in groups if isinstance(g, dict)]))
     console.print(summary)
     for name, layout in (metadata.get("layouts") or {}).items():
-        console.print(_layout_table(name, layout, escape))
+        console.print(_layout_table(name, layout, escape, full))
     table = Table(title=f"tensors in {len(tensors)} entries")
     for column in ("name", "dtype", "shape", "bytes"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
     for info in tensors.values():
-        table.add_row(escape(info.name), info.dtype, escape(str(list(info.shape))), f"{info.nbytes:,}")
+        table.add_row(escape(printable(info.name)), info.dtype, escape(str(list(info.shape))), f"{info.nbytes:,}")
     total = sum(info.nbytes for info in tensors.values())
     policy = sum(info.nbytes for info in tensors.values() if not info.name.startswith("optimizer/"))
     table.caption = f"{total:,} bytes ({policy:,} policy, {total - policy:,} optimizer)"
     console.print(table)
 
 
-def _layout_table(name: str, layout: Any, escape: Any) -> Any:
+def _layout_table(name: str, layout: Any, escape: Any, full: bool = False) -> Any:
     from rich.table import Table
 
     from packrl.checkpoint import leaf_name
 
     leaves = layout.get("leaves", []) if isinstance(layout, dict) else []
-    table = Table(title=escape(f"{name} layout: {layout.get('nbytes', '?') if isinstance(layout, dict) else '?'} "
-                               f"bytes, {len(leaves)} leaves"))
+    nbytes = layout.get("nbytes", "?") if isinstance(layout, dict) else "?"
+    table = Table(title=escape(_text(f"{name} layout: {_text(nbytes, full)} bytes, {len(leaves)} leaves", full)))
     for column in ("path", "field", "dtype", "shape", "offset"):
         table.add_column(column)
     for leaf in leaves:
         if isinstance(leaf, dict):
-            table.add_row(escape(leaf_name(leaf.get("path"))), escape(_text(leaf.get("field"))),
-                          escape(_text(leaf.get("dtype"))), escape(_text(leaf.get("shape"))),
-                          escape(_text(leaf.get("offset"))))
+            table.add_row(escape(_text(leaf_name(leaf.get("path")), full)),
+                          *(escape(_text(leaf.get(k), full)) for k in ("field", "dtype", "shape", "offset")))
     return table
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+def _text(value: Any, full: bool = False) -> str:
+    """A field as printed: strings as they are, anything else as JSON; control characters escaped; cut to
+    FIELD_CHARS characters unless ``full`` (cut before it is escaped or laid out, so a 16 MB field costs
+    what its first characters do)."""
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)
+    if not full and len(value) > FIELD_CHARS:
+        value = f"{value[:FIELD_CHARS]}... ({len(value):,} characters; --full prints all)"
+    return printable(value)

@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="save a periodic checkpoint every MIN minutes (default 10; 0: never)")
     run.add_argument("--keep", type=positive_int, default=3, metavar="K",
                      help="periodic checkpoints kept (the newest K; default 3)")
-    run.add_argument("--tensorboard", metavar="LOGDIR", help="also log to TensorBoard (needs the tensorboard package)")
+    run.add_argument("--tensorboard", metavar="LOGDIR", nargs="?", const="",
+                     help="also log to TensorBoard (needs the tensorboard package), into a fresh subfolder: "
+                          "LOGDIR/<run folder name>, or RUN/tensorboard when LOGDIR is left out")
     run.add_argument("--no-live", action="store_true", help="progress lines instead of the live view")
     run.add_argument("--log-seconds", type=positive_float, default=5.0, metavar="S",
                      help="seconds between progress lines without the live view (default 5)")

@@ -224,7 +224,8 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
 def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Path | None:
     """Mean episode return per iteration against agent steps, as a PNG (None when no episode ended). With
     several agents per env, one line per agent; in two-player games also the win rate against a random
-    opponent (right axis). Non-finite values are left out of the plot (history.jsonl keeps them)."""
+    opponent (right axis). Non-finite values are left out of the plot (history.jsonl keeps them). The file is
+    written by ``run_folders.write_file``: a symlink in its place is refused, not followed."""
     agents = sorted({k for h in history for k in h if k.startswith("episode_return/")})
     series = {k.partition("/")[2]: _points(history, k) for k in agents} or {"per iteration": _points(history, "episode_return")}
     series = {name: pts for name, pts in series.items() if len(pts)}
@@ -252,9 +253,15 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
         right.set(ylabel="win rate vs random", ylim=(0, 1))
         right.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    import io
+
+    from packrl.run_folders import write_file
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    return Path(path)
+    path = Path(path)
+    return write_file(path.parent, path.name, png.getvalue())  # atomic, never through a symlink
 
 
 def _points(history: list[dict], key: str) -> np.ndarray:

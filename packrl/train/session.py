@@ -33,9 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from packrl.errors import PackrlError
-from packrl.run_folders import RunError, find_checkpoint, is_run_folder
+from packrl.run_folders import (
+    RunError,
+    check_name,
+    create_run_folder,
+    find_checkpoint,
+    inside,
+    mark,
+    open_append,
+    remove_run_folder,
+    write_file,
+)
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
 SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
@@ -76,29 +87,29 @@ class RunResult:
 
 
 def new_run_folder(options: RunOptions, env_id: str) -> Path:
-    """The folder of a new run: ``out``, ``runs_dir/name``, or ``runs_dir/<env>-<timestamp>``. An existing
-    folder that is not empty is refused unless ``overwrite``, and then only if it is a packrl run folder."""
+    """The folder of a new run, made and marked (``run_folders.MARKER``): ``out``, ``runs_dir/name`` (``name``
+    one folder name), or ``runs_dir/<env>-<timestamp>``. An existing folder that is not empty is refused
+    unless ``overwrite``, and then deleted only if it is a packrl run (``run_folders.remove_run_folder``)."""
     if options.out is not None and options.name is not None:
         raise RunError("--out and --name both name the run folder: give one")
     if options.out is not None or options.name is not None:
-        folder = Path(options.out) if options.out is not None else Path(options.runs_dir) / options.name
+        folder = Path(options.out) if options.out is not None else Path(options.runs_dir) / check_name(options.name)
+        if folder.is_symlink():
+            raise RunError(f"run folder {folder}: is a symlink; a run folder is never written through a symlink")
         if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
             if not options.overwrite:
                 raise RunError(f"run folder {folder} already exists; pass --overwrite to replace it, --resume {folder} "
                                "to continue it, or choose another --name/--out")
-            if not is_run_folder(folder):
-                raise RunError(f"--overwrite: {folder} is not a packrl run folder (no checkpoint or history.jsonl); "
-                               "refusing to delete it")
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+            remove_run_folder(folder)
+        return create_run_folder(folder, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", env_id.rsplit(".", 1)[-1] if env_id.startswith("pettingzoo.") else env_id)
-    base = Path(options.runs_dir) / f"{stem.strip('-') or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = stem.strip("-.") or "run"
+    base = Path(options.runs_dir) / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder, n = base, 1
     while True:
         try:
             folder.mkdir(parents=True)
-            return folder
+            return create_run_folder(folder, exist_ok=True)
         except FileExistsError:
             n += 1
             folder = base.with_name(f"{base.name}-{n}")
@@ -112,28 +123,43 @@ def history_line(stats: dict) -> str:
     return json.dumps({k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()})
 
 
+MAX_HISTORY_LINE = 1 << 20
+"""A history.jsonl line longer than this (bytes) is not read back (packrl writes lines of a few hundred)."""
+
+
 def read_history(path: Path) -> list[dict]:
+    """The rows of a history.jsonl. A line that is not a JSON object of bounded size and depth (a file edited
+    or truncated by a crash) is left out, as are the lines after it."""
+    from packrl.checkpoint import CheckpointError, loads_bounded
+
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rows.append({k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in json.loads(line).items()})
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = loads_bounded(line, path, "history line", max_bytes=MAX_HISTORY_LINE, max_depth=8)
+            except CheckpointError:
+                break
+            if not isinstance(row, dict):
+                break
+            rows.append({k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in row.items()})
     return rows
 
 
 class History:
-    """history.jsonl written line by line as iterations end (a crash keeps every finished iteration)."""
+    """history.jsonl written line by line as iterations end (a crash keeps every finished iteration): rewritten
+    atomically when opened, then appended to through a descriptor that was not opened through a symlink."""
 
     def __init__(self, path: Path, keep_until_iteration: int | None = None):
         self.path = path
         self.rows = read_history(path) if keep_until_iteration is not None else []
         if keep_until_iteration is not None:  # a resumed run drops what came after its checkpoint
             self.rows = [r for r in self.rows if r.get("iteration", 0) <= keep_until_iteration]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(history_line(r) + "\n" for r in self.rows))
-        tmp.replace(path)
-        self.file = open(path, "a")
+        write_file(path.parent, path.name, "".join(history_line(r) + "\n" for r in self.rows))
+        self.file = open_append(path.parent, path.name)
 
     def append(self, stats: dict) -> None:
         self.rows.append(stats)
@@ -169,7 +195,7 @@ class Checkpoints:
     def save_periodic(self, ppo: Any, config: dict, history: list[dict]) -> Path:
         from packrl.train.run import save
 
-        path = save(ppo, config, self.folder / "checkpoints" / f"step-{ppo.global_step:012d}", history)
+        path = save(ppo, config, inside(self.folder, f"checkpoints/step-{ppo.global_step:012d}"), history)
         self.save_latest(ppo, config, history)
         self._rotate(keep=path)
         return path
@@ -177,7 +203,7 @@ class Checkpoints:
     def save_latest(self, ppo: Any, config: dict, history: list[dict]) -> Path:
         from packrl.train.run import save
 
-        self.latest = save(ppo, config, self.folder / "checkpoint", history)
+        self.latest = save(ppo, config, inside(self.folder, "checkpoint"), history)
         self.last_step, self.last_time = ppo.global_step, time.monotonic()
         return self.latest
 
@@ -255,8 +281,11 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
             env = config["env"]
             env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
         resume_state = (metadata["resume"], policy_state, optimizer_state)
-        folder = resume_folder if resume_folder is not None and options.out is None and options.name is None \
-            else new_run_folder(options, config["env"]["id"])
+        if resume_folder is not None and options.out is None and options.name is None:
+            folder = resume_folder
+            mark(folder)  # a run folder from before the marker: adopted as packrl's own
+        else:
+            folder = new_run_folder(options, config["env"]["id"])
     else:
         folder = new_run_folder(options, config["env"]["id"])
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
@@ -281,7 +310,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
                                   ppo.global_step)
         versus = _versus_check(env_id, config, options)
         title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
-        board = Dashboard(title, total, live=options.live and console.is_terminal, tensorboard=options.tensorboard,
+        board = Dashboard(title, total, live=options.live and console.is_terminal,
+                          tensorboard=_tensorboard_folder(options.tensorboard, folder),
                           log_seconds=options.log_seconds, console=console, start_step=ppo.global_step)
         stops.board = board
 
@@ -309,10 +339,17 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
                     code = SIGNAL_EXIT[stops.received]
                 checkpoints.save_latest(ppo, config, history.rows)
             plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
-    except KeyboardInterrupt:  # Ctrl-C before training started
-        _remove_if_empty(folder)
-        console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
-        return RunResult(EXIT_SIGINT, None, None, 0, None)
+    except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
+        saved = _newest_saved(folder)
+        if saved is None:
+            _remove_if_empty(folder)
+            console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
+            return RunResult(EXIT_SIGINT, None, None, 0, None)
+        checkpoint, step = saved
+        console.print(f"[yellow]interrupted (Ctrl-C); the last complete checkpoint is "
+                      f"{checkpoint} (step {step:,}); continue with: packrl train --resume {folder}[/yellow]",
+                      highlight=False, soft_wrap=True)
+        return RunResult(EXIT_SIGINT, folder, checkpoint, step, None)
     except BaseException:  # the run could not start: leave no empty run folder behind
         if history is None:
             _remove_if_empty(folder)
@@ -328,8 +365,10 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     if error is not None:
         kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
             "no checkpoint had been saved yet"
-        console.print(f"[red]training stopped: {error}[/red]", highlight=False, soft_wrap=True)
-        console.print(f"nothing of that iteration was saved; {kept}", highlight=False, soft_wrap=True)
+        console.print(f"[red]training stopped: {escape(error_line(error, ppo))}[/red]", highlight=False, soft_wrap=True)
+        console.print(f"nothing of that iteration was saved; {kept}"
+                      + ("; the env's traceback is in history.jsonl" if getattr(error, "env_traceback", None) else ""),
+                      highlight=False, soft_wrap=True)
     elif code in (EXIT_SIGINT, EXIT_SIGTERM):
         why = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT (Ctrl-C)"
         if latest is not None and checkpoints.last_step == ppo.global_step:
@@ -350,8 +389,67 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     return RunResult(code, folder, latest, ppo.global_step, last)
 
 
-def _remove_if_empty(folder: Path) -> None:
+def _tensorboard_folder(logdir: str | None, run: Path) -> str | None:
+    """Where TensorBoard writes: a fresh subfolder, ``RUN/tensorboard`` (``--tensorboard`` alone) or
+    ``LOGDIR/<run name>``, so the logger writes nothing outside a folder packrl just made."""
+    from packrl.run_folders import fresh_subfolder
+
+    if logdir is None:
+        return None
+    return str(fresh_subfolder(run, "tensorboard") if logdir == "" else fresh_subfolder(Path(logdir), run.name))
+
+
+def error_line(error: BaseException, ppo: Any) -> str:
+    """One line for an error that stopped training: where (iteration, rollout step when known, agent steps)
+    and what. An env's error is its header and the last line of its traceback (the traceback itself goes to
+    history.jsonl, not to the terminal)."""
+    text = str(error).strip()
+    if text.startswith("iteration "):  # the NaN guard's message names them already
+        return " ".join(text.split())
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if getattr(error, "env_traceback", None) or (len(lines) > 1 and any(ln.startswith("Traceback") for ln in lines)):
+        what = f"{lines[0].rstrip(':')}: {lines[-1]}"
+    else:
+        what = " ".join(lines) or type(error).__name__
+    where = f"iteration {ppo.iteration + 1}"
+    step = _rollout_step(error)
+    if step is not None:
+        where += f", rollout step {step}"
+    return f"{where} (after {ppo.global_step:,} agent steps): {what}"
+
+
+def _rollout_step(error: BaseException) -> int | None:
+    """The rollout step ``PPO.collect`` was at when ``error`` left it (its loop variable), or None."""
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "collect" and code.co_filename.endswith(os.path.join("train", "ppo.py")):
+            t = tb.tb_frame.f_locals.get("t")
+            return t if type(t) is int else None
+        tb = tb.tb_next
+    return None
+
+
+def _newest_saved(folder: Path) -> tuple[Path, int] | None:
+    """The run folder's newest complete checkpoint and its step, or None."""
+    from packrl.checkpoint import CheckpointError, read_metadata
+    from packrl.run_folders import newest_checkpoint
+
     try:
+        checkpoint, _, _ = newest_checkpoint(folder)
+        step = read_metadata(checkpoint).get("global_step")
+    except (PackrlError, CheckpointError, OSError):
+        return None
+    return checkpoint, step if type(step) is int else 0
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove a run folder that holds nothing but packrl's marker (a run that never started)."""
+    from packrl.run_folders import MARKER
+
+    try:
+        if [p.name for p in folder.iterdir()] == [MARKER]:
+            (folder / MARKER).unlink()
         folder.rmdir()
     except OSError:  # not empty (a resumed run's folder, or files written): keep it
         pass
