@@ -50,7 +50,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.rows import row_format
 from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
 from packrl.envs.rng import RNG_WORDS
-from packrl.errors import EmulationError, EnvError
+from packrl.errors import EmulationError, EnvError, UsageError
 
 PARALLEL_MIN_ENVS = 1024
 """Below this many copies ``threads=None`` steps them in one serial loop: the crossover of 2 threads
@@ -438,9 +438,14 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
     metadata = {"autoreset_mode": SAME_STEP}
 
     def __init__(self, env: NumbaEnv, num_envs: int, seed: int = 0, threads: int | None = None,
-                 episode_infos: bool = False):
+                 episode_infos: bool = False, max_episode_steps: int | None = None):
         if not isinstance(env, NumbaEnv):
             raise EnvError(f"BatchedNumbaEnv takes a NumbaEnv, got {type(env).__name__}")
+        if max_episode_steps is not None:  # the env's own time limit, replaced (as gymnasium.make's argument)
+            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, (int, np.integer)) \
+                    or max_episode_steps < 1:
+                raise UsageError(f"numba env {env.name!r}: max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
+            env = replace(env, max_episode_steps=int(max_episode_steps))
         if int(num_envs) < 1:
             raise EnvError(f"numba env {env.name!r}: num_envs must be >= 1, got {num_envs}")
         self.numba_env, self.name = env, env.name
