@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.layout import Layout
-from packrl.emulation.tree import DictNode, LeafNode, fold, iter_leaves, map_leaves
+from packrl.emulation.tree import DictNode, LeafNode, fold, iter_leaves
 from packrl.emulation.values import exact_array, format_path, outside_bounds, refuse_outside
 from packrl.errors import EmulationError
 
@@ -45,6 +45,7 @@ class DiscretePart:
     start: np.ndarray  # per element, the native value of choice 0
     nvec: np.ndarray  # per element, the number of choices
     first: int  # index of the first branch in the discrete part
+    leaf_id: int = 0  # the field's index in ``layout.leaves``
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ContinuousPart:
     low: np.ndarray
     high: np.ndarray
     first: int
+    leaf_id: int = 0  # the field's index in ``layout.leaves``
 
 
 def outside_choices(choices: Any, nvec: Any) -> Any:
@@ -64,7 +66,9 @@ def outside_choices(choices: Any, nvec: Any) -> Any:
 
 
 class ActionLayout:
-    """How a native action space maps to the policy's ``(discrete, continuous)`` actions."""
+    """How a native action space maps to the policy's ``(discrete, continuous)`` actions. Each field
+    of each leaf (``layout.leaves``) is a part: an integer field a discrete branch per element, a
+    float field a slice of the continuous part; ``decode`` gives the env each leaf's ``to_native``."""
 
     def __init__(self, space: spaces.Space):
         self.space = space
@@ -73,6 +77,9 @@ class ActionLayout:
         self.continuous_parts: list[ContinuousPart] = []
         for path, node in iter_leaves(self.layout.root):
             self._add_leaf(node, path)
+        # every leaf's native value is its stored field (packrl's own numeric codecs): decoders hand the
+        # fields over as they are, and the C decoder may do it; else each leaf's codec makes its native value
+        self.stored_is_native = all(node.codec.stored_is_native() for _, node in iter_leaves(self.layout.root))
         self.nvec = np.concatenate([p.nvec.reshape(-1) for p in self.discrete_parts]).astype(np.int64) \
             if self.discrete_parts else np.zeros(0, np.int64)
         self.low = np.concatenate([p.low.reshape(-1) for p in self.continuous_parts]) if self.continuous_parts else np.zeros(0)
@@ -86,18 +93,22 @@ class ActionLayout:
     # ------------------------------------------------------------ structure
 
     def _add_leaf(self, node: LeafNode, path: tuple) -> None:
-        codec = node.codec
+        for leaf_id in node.leaf_ids:
+            leaf = self.layout.leaves[leaf_id]
+            if leaf.bounds is None:  # strings, a user's unbounded field: a policy cannot emit them
+                field = "" if leaf.field is None else f" (field {leaf.field!r} has no bounds)"
+                raise EmulationError(f"action leaf {format_path(path)}: {node.codec.kind} action spaces are not supported"
+                                     f"{field}; a policy emits bounded fields only: use Discrete, MultiDiscrete, "
+                                     "MultiBinary or Box leaves, or a codec whose fields have bounds")
+            self._add_field(leaf_id, path, leaf.dtype, leaf.bounds.low, leaf.bounds.high)
+
+    def _add_field(self, leaf_id: int, path: tuple, dtype: np.dtype, low: Any, high: Any) -> None:
         first_d = sum(p.nvec.size for p in self.discrete_parts)
         first_c = sum(int(np.prod(p.shape)) for p in self.continuous_parts)
-        dtype = np.dtype(codec.fields[0].dtype)
-        if codec.bounds is None or len(codec.fields) != 1:  # strings: a policy cannot emit them
-            raise EmulationError(f"action leaf {format_path(path)}: {codec.kind} action spaces are not supported "
-                                 "(a policy cannot emit them); use Discrete, MultiDiscrete, MultiBinary or Box leaves")
-        low, high = codec.bounds.low, codec.bounds.high  # the codecs' one bounds source
         shape = tuple(np.shape(low))
         if dtype.kind == "f":
             self.continuous_parts.append(ContinuousPart(path, shape, dtype, np.asarray(low, np.float64),
-                                                        np.asarray(high, np.float64), first_c))
+                                                        np.asarray(high, np.float64), first_c, leaf_id))
             return
         low, high = np.asarray(low).astype(object), np.asarray(high).astype(object)
         n = np.asarray(high - low + 1)
@@ -107,7 +118,7 @@ class ActionLayout:
                 f"cannot be a discrete branch (at most {MAX_BRANCH}); narrow its bounds")
         start = low if dtype.kind == "u" else low.astype(np.int64)  # a uint64 start may not fit int64
         self.discrete_parts.append(DiscretePart(path, shape, dtype, np.asarray(start), np.asarray(n).astype(np.int64),
-                                                first_d))
+                                                first_d, leaf_id))
 
     def _kind(self) -> str:
         if isinstance(self.space, spaces.Discrete):
@@ -133,7 +144,8 @@ class ActionLayout:
     def _compiled_spec(self) -> Any:
         """The C decoder's description of this layout (``_fastaction.action_spec``); None without the
         extension or for a float16 Box leaf (those decode on the Python path)."""
-        if _fastaction is None or any(p.dtype.itemsize not in (4, 8) for p in self.continuous_parts):
+        if _fastaction is None or not self.stored_is_native \
+                or any(p.dtype.itemsize not in (4, 8) for p in self.continuous_parts):
             return None
         form = 2 if self.kind == "hybrid" else 1 if self.kind == "continuous" else 0
         if (form != 1 and not self.num_discrete) or (form != 0 and not self.num_continuous):
@@ -161,15 +173,14 @@ class ActionLayout:
 
     def encode(self, native: Any) -> Any:
         """Native action (checked against the space) -> the policy-facing action."""
-        leaves = dict(zip((leaf.path for leaf in self.layout.leaves),
-                          self.layout.packer.views(self.layout.pack(native), ())))  # one field per action leaf
+        fields = self.layout.packer.views(self.layout.pack(native), ())  # one per entry of layout.leaves
         disc = np.zeros(self.num_discrete, np.int64)
         cont = np.zeros(self.num_continuous, self.continuous_dtype)
         for part in self.discrete_parts:  # a uint64 start beyond 2**63 does not fit int64: Python ints
-            value = leaves[part.path].astype(object if part.dtype.kind == "u" else np.int64)
+            value = fields[part.leaf_id].astype(object if part.dtype.kind == "u" else np.int64)
             disc[part.first: part.first + part.nvec.size] = np.asarray(value - part.start).astype(np.int64).reshape(-1)
         for part in self.continuous_parts:
-            value = leaves[part.path]
+            value = fields[part.leaf_id]
             cont[part.first: part.first + value.size] = value.reshape(-1)
         return self._policy_form(disc, cont)
 
@@ -196,11 +207,12 @@ class ActionLayout:
             return self._decode_choice(int(action), who)
         disc, cont = self._split(action, who)
         if self.check_batch(disc[None], cont[None]) < 0:
-            values = [self._native_part(part, disc) for part in self.discrete_parts]
-            values += [cont[p.first: p.first + int(np.prod(p.shape))].reshape(p.shape).astype(p.dtype)
-                       for p in self.continuous_parts]
-            by_path = dict(zip([p.path for p in self.discrete_parts + self.continuous_parts], values))
-            return map_leaves(lambda path, _: by_path[path], self.layout.root)
+            fields: list = [None] * len(self.layout.leaves)
+            for part in self.discrete_parts:
+                fields[part.leaf_id] = self._native_part(part, disc)
+            for p in self.continuous_parts:
+                fields[p.leaf_id] = cont[p.first: p.first + int(np.prod(p.shape))].reshape(p.shape).astype(p.dtype)
+            return self._native(fields)
         if self.kind == "discrete":
             self._decode_choice(int(disc[0]), who)
         for part in self.discrete_parts:  # name the first leaf outside
@@ -212,6 +224,12 @@ class ActionLayout:
             refuse_outside(outside_bounds(value, part.low, part.high), value, part.path,
                            f"is outside the Box bounds [{part.low.min()}, {part.high.max()}] or not a number{who}")
         raise AssertionError("check_batch refused an action no leaf refuses")  # pragma: no cover
+
+    def _native(self, fields: list) -> Any:
+        """The native action of the decoded fields (one per entry of ``layout.leaves``): the fields
+        themselves in the space's structure, through each leaf's ``to_native`` where that differs."""
+        structure = self.layout.unflatten(fields)
+        return structure if self.stored_is_native else self.layout.to_native(structure)
 
     @staticmethod
     def _native_part(part: DiscretePart, disc: np.ndarray) -> Any:
@@ -225,7 +243,8 @@ class ActionLayout:
         n = int(part.nvec)
         if outside_choices(choice, n):
             raise EmulationError(f"action {choice}{who} is outside its Discrete({n}) choices [0, {n - 1}]")
-        return part.dtype.type(choice + int(part.start))
+        value = part.dtype.type(choice + int(part.start))
+        return value if self.stored_is_native else self._native([value])
 
     def decode_batch(self, actions: Any, who: str = "") -> list:
         """Many policy actions at once (a leading rows axis; a hybrid layout takes a dict of two such

@@ -7,25 +7,31 @@ function that returns a codec.
 """
 from __future__ import annotations
 
+import functools
 import json
+import pickle
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.values import Bounds, exact_array, format_path, refuse_outside, short
+from packrl.emulation.values import Bounds, exact_array, format_path, python_ints, refuse_outside, short
 from packrl.errors import EmulationError
 
 
 @dataclass(frozen=True)
 class Field:
-    """One typed array a leaf occupies in the row (a string leaf has two: chars and length)."""
+    """One typed array a leaf occupies in the row (a string leaf has two: chars and length). A leaf
+    of several fields names each (a Python identifier: Numba envs see it as ``obs.<key>_<name>``);
+    ``bounds`` (a :class:`Bounds` of the field's dtype and shape) makes the field usable as an action
+    and checked in Numba envs; a codec of one field may give its ``bounds`` on the codec instead."""
 
     name: str | None
     dtype: np.dtype
     shape: tuple
+    bounds: Bounds | None = field(default=None, compare=False, repr=False)
 
 
 class TextView(NamedTuple):
@@ -42,7 +48,12 @@ class LeafCodec(ABC):
     ``check_is_bounds()``, ``stores_input`` (an input of the field's dtype and shape is stored
     as it is), ``takes_python_ints`` (Discrete), ``categorical`` (each element one of
     ``high - low + 1`` choices from ``low``: embedded; else numeric, scaled by its bounds) and
-    ``is_string`` (fields ``chars`` and ``length``, ``vocab`` character codes)."""
+    ``is_string`` (fields ``chars`` and ``length``, ``vocab`` character codes).
+
+    A leaf may have several fields (``fields``, each with its own dtype, shape and bounds): ``check``
+    returns one array per field, ``view`` combines their views into the unpacked form (a tuple of
+    them by default), ``to_native`` turns that into the value the space itself produces (what an env
+    receives as an action), ``check_column`` checks the leaf of many samples at once (``pack_batch``)."""
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
@@ -52,6 +63,7 @@ class LeafCodec(ABC):
     takes_python_ints: ClassVar[bool] = False
     categorical: ClassVar[bool] = False
     is_string: ClassVar[bool] = False
+    native_is_stored: ClassVar[bool] = False  # see stored_is_native
     vocab: int = 0
     bounds: Bounds | None = None
 
@@ -77,8 +89,40 @@ class LeafCodec(ABC):
         """Validate ``value`` (shape ``batch + leaf shape``) and return one exact array per field."""
 
     def view(self, arrays: tuple) -> Any:
-        """The unpacked form of this leaf from its field views."""
-        return arrays[0]
+        """The unpacked form of this leaf from its field views: the view itself for one field, else
+        the tuple of the views (``nativize`` and ``unpack`` give it; a codec may return a NamedTuple)."""
+        return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+    def field_bounds(self) -> tuple[Bounds | None, ...]:
+        """One :class:`Bounds` per field (None: the field is not bounded): ``Field.bounds``, or for a
+        codec of one field, its ``bounds``."""
+        if len(self.fields) == 1 and self.fields[0].bounds is None:
+            return (self.bounds,)
+        return tuple(f.bounds for f in self.fields)
+
+    def kernel_names(self, key: str) -> tuple[str, ...]:
+        """The names a Numba env's kernels give this leaf's fields (``obs.<name>``), ``key`` being the
+        leaf's Dict keys joined by ``_``: the key for one field, ``<key>_<field name>`` for several.
+        EmulationError where a kernel cannot write the leaf."""
+        return (key,) if len(self.fields) == 1 else tuple(f"{key}_{f.name}" for f in self.fields)
+
+    def check_column(self, column: list, path: tuple) -> tuple[np.ndarray, ...]:
+        """The leaf of ``len(column)`` samples (one value each), checked as ``check`` checks one: one
+        array per field with a leading samples axis. EmulationError names the sample. This default
+        checks each value alone (a codec that stores its input, ``stores_input``, stacks the column
+        and checks it once); a codec whose ``check`` takes a batch may override it to check once."""
+        n = len(column)
+        if self.stores_input:
+            return self.check(_stored_column(self, column, path), path, (n,))
+        out = tuple(np.zeros((n, *f.shape), f.dtype) for f in self.fields)
+        for i, value in enumerate(column):
+            try:
+                arrays = self.check(value, path)
+            except EmulationError as err:
+                raise EmulationError(f"sample {i}: {err}") from None
+            for column_out, arr in zip(out, arrays):
+                column_out[i] = arr
+        return out
 
     def check_is_bounds(self) -> bool:
         """True when ``check`` accepts exactly the arrays of the field's dtype and shape inside
@@ -86,9 +130,16 @@ class LeafCodec(ABC):
         owner = next(c for c in type(self).__mro__ if "bounds_only" in c.__dict__)
         return owner.bounds_only and type(self).check is owner.check and len(self.fields) == 1
 
+    def stored_is_native(self) -> bool:
+        """True when ``to_native`` gives the stored field itself (a NumPy scalar for 0-d integers):
+        a class that sets ``native_is_stored`` and whose ``to_native`` no subclass replaced. Only then
+        may a compiled action decoder hand its arrays to the env without calling ``to_native``."""
+        owner = next(c for c in type(self).__mro__ if "native_is_stored" in c.__dict__)
+        return owner.native_is_stored and type(self).to_native is owner.to_native and len(self.fields) == 1
+
     def to_native(self, unpacked: Any) -> Any:
         """The value the original space would produce (a copy), from the unpacked form."""
-        return np.array(unpacked)
+        return np.array(unpacked) if len(self.fields) == 1 else tuple(np.array(v) for v in unpacked)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LeafCodec) and self.spec() == other.spec()
@@ -121,16 +172,98 @@ def _add_subclass_hint(codec: "LeafCodec", hint: str) -> None:
     codec.check = hinted  # type: ignore[method-assign]
 
 
+def _stored_column(codec: LeafCodec, column: list, path: tuple) -> np.ndarray:
+    """One leaf (one field, stored as given) of many samples as one array, for one ``check``. Where
+    the column does not read as one regular numeric array, each sample is checked as ``pack`` checks
+    it, so ``pack_batch`` accepts and refuses exactly the samples ``pack`` does, and names the sample."""
+    (field_,) = codec.fields
+    if not column:
+        return np.zeros((0, *field_.shape), field_.dtype)
+    arrays = [type(v) is np.ndarray for v in column]
+    if any(arrays):
+        for i, v in enumerate(column):  # shapes first: np.array of a huge stride-0 view would copy all of it
+            if arrays[i] and v.shape != field_.shape:
+                raise EmulationError(f"sample {i}: leaf {format_path(path)}: shape {v.shape} does not match the "
+                                     f"space's {field_.shape}")
+    try:
+        arr = np.array(column)
+    except (ValueError, TypeError, OverflowError):
+        arr = None
+    if arr is not None and arr.dtype.kind in "fO" and field_.dtype.kind in "iu" \
+            and not any(a and v.dtype == object for a, v in zip(arrays, column)):  # pack refuses object arrays
+        # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
+        exact = python_ints(column, field_.dtype, (len(column), *field_.shape), path)
+        if exact is not None:
+            return exact
+    if arr is not None and arr.dtype != object:
+        return arr
+    checked = []  # the column checked sample by sample (as pack checks one), stacked
+    for i, value in enumerate(column):
+        try:
+            checked.append(codec.check(value, path)[0])
+        except EmulationError as err:
+            raise EmulationError(f"sample {i}: {err}") from None
+    return np.stack(checked)
+
+
 # ---------------------------------------------------------------- registry
 
 SpaceBuilder = Callable[[spaces.Space], LeafCodec]
 _BUILDERS: dict[Any, SpaceBuilder] = {}
+_BUILTIN_BUILDERS: dict[Any, SpaceBuilder] = {}  # packrl's own (every process has them): they never travel
+_TRAVEL_NOTES: list[str] = []  # in a worker: the main process's registrations that did not arrive, and why
+
+TRAVEL_HINT = ("a multiprocessing worker (spawn, forkserver) gets the main process's register_space builders by "
+               "their import name: register a class or function defined at the top level of a module (or a "
+               "functools.partial of one), not a lambda or a function defined inside another")
 
 
 def register_space(space_type: type | str, builder: SpaceBuilder) -> None:
     """Teach Layouts a leaf space. ``space_type`` is a class or its dotted name
-    (``"minigrid.core.mission.MissionSpace"``); ``builder(space)`` returns a LeafCodec."""
+    (``"minigrid.core.mission.MissionSpace"``); ``builder(space)`` returns a LeafCodec. Vector
+    backends that start worker processes send them the builders registered here by reference
+    (``registrations()``), so register a top-level class or function of an importable module."""
     _BUILDERS[space_type] = builder
+
+
+def _class_name(cls: type) -> str:
+    """``module.Qualname`` of a class; a main script re-imported in a spawned worker is ``__main__`` too."""
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}.{cls.__qualname__}"
+
+
+def registrations() -> tuple[tuple[tuple[str, bytes], ...], tuple[str, ...]]:
+    """What a worker process needs to build this process's layouts: each builder registered by the
+    user (not packrl's own), as (space name, the builder pickled by reference: its import name), and
+    a note for each that cannot travel. Only this process's own registrations travel; a layout or
+    checkpoint read from a file never names a builder, and reading one imports nothing."""
+    items, notes = [], []
+    for key, builder in _BUILDERS.items():
+        if _BUILTIN_BUILDERS.get(key) is builder:
+            continue
+        name = key if isinstance(key, str) else _class_name(key)
+        try:
+            items.append((name, pickle.dumps(builder, protocol=pickle.HIGHEST_PROTOCOL)))
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            notes.append(f"the builder {builder!r} registered for {name} in the main process did not reach this "
+                         f"worker: it has no import name ({err})")
+    return tuple(items), tuple(notes)
+
+
+def restore_registrations(travelled: tuple[tuple[tuple[str, bytes], ...], tuple[str, ...]]) -> None:
+    """In a worker process: register the main process's builders (``registrations()``), importing
+    their modules by name. One that cannot be imported here is noted in the refusal of its space."""
+    items, notes = travelled
+    notes = list(notes)
+    for name, data in items:
+        try:
+            builder = pickle.loads(data)  # the main process's own registrations, sent to its own worker
+        except Exception as err:  # noqa: BLE001 - importing a user's module may raise anything: noted, not fatal
+            notes.append(f"the builder registered for {name} in the main process could not be imported in this "
+                         f"worker ({type(err).__name__}: {err})")
+            continue
+        _BUILDERS[name] = builder
+    _TRAVEL_NOTES[:] = notes
 
 
 def codec_for(space: spaces.Space, path: tuple) -> LeafCodec:
@@ -139,7 +272,7 @@ def codec_for(space: spaces.Space, path: tuple) -> LeafCodec:
     what the base class's are (multigrid's MissionSpace is a MultiDiscrete of nvec (1,) whose
     samples have shape ()), and a codec registered for the subclass itself takes them."""
     for cls in type(space).__mro__:
-        builder = _BUILDERS.get(cls) or _BUILDERS.get(f"{cls.__module__}.{cls.__qualname__}")
+        builder = _BUILDERS.get(cls) or _BUILDERS.get(_class_name(cls))
         if builder is not None:
             codec = builder(space)
             if cls is not type(space):
@@ -161,7 +294,9 @@ def _why_unsupported(space: spaces.Space) -> str:
         return f"{space} has a variable number of nodes and edges; bound it into Box leaves or {how}"
     if isinstance(space, spaces.OneOf):
         return f"{space} is a union whose sample shape varies; split it into a Dict with a Discrete tag or {how}"
-    return f"no packrl codec for space {type(space).__module__}.{type(space).__qualname__} ({space}); {how}"
+    notes = "".join(f"; {note}" for note in _TRAVEL_NOTES)
+    return (f"no packrl codec for space {type(space).__module__}.{type(space).__qualname__} ({space}); {how} "
+            f"({TRAVEL_HINT}){notes}")
 
 
 # ---------------------------------------------------------------- spec helpers
@@ -204,6 +339,7 @@ class BoxCodec(LeafCodec):
 
     kind = "box"
     stores_input = True
+    native_is_stored = True
     bounds_only = True
 
     def __init__(self, space: spaces.Box, round_floats: bool = False):
@@ -268,6 +404,7 @@ class DiscreteCodec(LeafCodec):
 
     kind = "discrete"
     stores_input = True
+    native_is_stored = True
     bounds_only = True
     takes_python_ints = True
     categorical = True
@@ -310,6 +447,7 @@ class MultiDiscreteCodec(LeafCodec):
 
     kind = "multidiscrete"
     stores_input = True
+    native_is_stored = True
     bounds_only = True
     categorical = True
 
@@ -346,6 +484,7 @@ class MultiBinaryCodec(LeafCodec):
 
     kind = "multibinary"
     stores_input = True
+    native_is_stored = True
     bounds_only = True
 
     def __init__(self, space: spaces.MultiBinary):
@@ -414,6 +553,14 @@ class _StringCodec(LeafCodec):
             chars[idx][: len(codes)] = codes
             lengths[idx] = len(codes)
         return (chars, lengths)
+
+    def kernel_names(self, key: str) -> tuple[str, ...]:
+        raise EmulationError("is a string; Numba envs take numeric leaves only")
+
+    def check_column(self, column: list, path: tuple) -> tuple[np.ndarray, ...]:
+        values = np.empty(len(column), dtype=object)
+        values[:] = column
+        return self.check(values, path, (len(column),))
 
     def view(self, arrays: tuple) -> TextView:
         return TextView(*arrays)
@@ -518,16 +665,23 @@ MISSION_MAX_BYTES = 256
 """Default bound of MiniGrid/BabyAI mission strings, in UTF-8 bytes (the longest BabyAI missions are ~200)."""
 
 
+def _bounded_string_codec(space: spaces.Space, max_length: int) -> BoundedStringCodec:
+    return BoundedStringCodec(space, space.max_length if isinstance(space, BoundedString) else max_length)
+
+
 def bounded_string(max_length: int = MISSION_MAX_BYTES) -> SpaceBuilder:
-    """A builder for ``register_space`` that stores a string space in at most ``max_length`` bytes."""
-    return lambda space: BoundedStringCodec(
-        space, getattr(space, "max_length", max_length) if isinstance(space, BoundedString) else max_length)
+    """A builder for ``register_space`` that stores a string space in at most ``max_length`` bytes
+    (a ``functools.partial``: it reaches worker processes by name)."""
+    return functools.partial(_bounded_string_codec, max_length=int(max_length))
 
 
-register_space(spaces.Box, BoxCodec)
-register_space(spaces.Discrete, DiscreteCodec)
-register_space(spaces.MultiDiscrete, MultiDiscreteCodec)
-register_space(spaces.MultiBinary, MultiBinaryCodec)
-register_space(spaces.Text, TextCodec)
-register_space(BoundedString, bounded_string())
-register_space("minigrid.core.mission.MissionSpace", bounded_string(MISSION_MAX_BYTES))
+_BUILTIN_BUILDERS.update({
+    spaces.Box: BoxCodec,
+    spaces.Discrete: DiscreteCodec,
+    spaces.MultiDiscrete: MultiDiscreteCodec,
+    spaces.MultiBinary: MultiBinaryCodec,
+    spaces.Text: TextCodec,
+    BoundedString: bounded_string(),
+    "minigrid.core.mission.MissionSpace": bounded_string(MISSION_MAX_BYTES),
+})
+_BUILDERS.update(_BUILTIN_BUILDERS)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.codecs import LeafCodec, codec_for
+from packrl.emulation.codecs import Field, LeafCodec, codec_for
 from packrl.emulation.packer import BoundRows, Packer, check_writable
 from packrl.emulation.tree import DictNode, LeafNode, Node, build, flatten, fold, iter_leaves, unflatten
 from packrl.emulation.values import Bounds, format_path, short
@@ -28,8 +28,9 @@ from packrl.errors import EmulationError
 
 @dataclass(frozen=True)
 class Leaf:
-    """One typed array in the row. ``field`` is None except for the parts of string leaves;
-    ``codec`` says what the leaf can do (its bounds, whether it is a string or categorical)."""
+    """One typed array in the row: one field of a leaf's codec. ``field`` is the field's name (None
+    for a leaf of one unnamed field); ``codec`` says what the leaf can do, ``bounds`` are the field's
+    own (``codec.field_bounds()``; None where it is not bounded)."""
 
     path: tuple
     dtype: np.dtype
@@ -39,6 +40,7 @@ class Leaf:
     kind: str
     field: str | None = None
     codec: LeafCodec | None = dataclass_field(default=None, compare=False, repr=False)
+    bounds: Bounds | None = dataclass_field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -48,11 +50,6 @@ class Leaf:
     def name(self) -> str:
         return format_path(self.path) + (f".{self.field}" if self.field else "")
 
-    @property
-    def bounds(self) -> Bounds | None:
-        """The leaf's one bounds source (None for the parts of string leaves and unbounded codecs)."""
-        return self.codec.bounds if self.codec is not None and self.field is None else None
-
 
 def _split_space(space: spaces.Space, path: tuple) -> Any:
     """One node of a space, for ``tree.build``: its children, or its leaf's codec."""
@@ -60,12 +57,31 @@ def _split_space(space: spaces.Space, path: tuple) -> Any:
         return "dict", tuple(space.spaces.keys()), tuple(space.spaces.values())
     if isinstance(space, spaces.Tuple):
         return "tuple", (), space.spaces
-    return codec_for(space, path)
+    return _checked_fields(codec_for(space, path), path)
+
+
+def _checked_fields(codec: LeafCodec, path: tuple) -> LeafCodec:
+    """Refuse a codec whose fields cannot be placed or named: at least one Field, and for several,
+    distinct identifier names (Numba envs name a field ``<key>_<name>``), bounds of the field's shape."""
+    fields = getattr(codec, "fields", None)
+    where = f"leaf {format_path(path)}: codec {type(codec).__qualname__}"
+    if not isinstance(fields, tuple) or not fields or not all(isinstance(f, Field) for f in fields):
+        raise EmulationError(f"{where}: fields must be a non-empty tuple of packrl.emulation.Field, got {short(fields)}")
+    names = [f.name for f in fields]
+    if len(fields) > 1 and (len(set(names)) != len(names) or not all(isinstance(n, str) and n.isidentifier()
+                                                                        for n in names)):
+        raise EmulationError(f"{where}: a leaf of several fields names each with a distinct identifier, got {names}")
+    for f in fields:
+        if f.bounds is not None and (f.bounds.dtype != np.dtype(f.dtype) or f.bounds.shape != tuple(f.shape)):
+            raise EmulationError(f"{where}: field {f.name!r} has bounds of {f.bounds.dtype} {f.bounds.shape}, "
+                                 f"the field is {np.dtype(f.dtype)} {tuple(f.shape)}")
+    return codec
 
 
 def _place_leaves(root: Node) -> tuple[tuple[Leaf, ...], int]:
     """Offsets aligned to each dtype: widest dtypes first, so no padding is needed between leaves."""
-    parts = [(path, node.codec, f) for path, node in iter_leaves(root) for f in node.codec.fields]
+    parts = [(path, node.codec, f, b) for path, node in iter_leaves(root)
+             for f, b in zip(node.codec.fields, node.codec.field_bounds())]
     order = sorted(range(len(parts)), key=lambda i: -parts[i][2].dtype.alignment)
     offsets, cursor = [0] * len(parts), 0
     for i in order:
@@ -73,11 +89,11 @@ def _place_leaves(root: Node) -> tuple[tuple[Leaf, ...], int]:
         cursor = -(-cursor // align) * align
         offsets[i] = cursor
         cursor += int(np.prod(parts[i][2].shape, dtype=np.int64)) * parts[i][2].dtype.itemsize
-    widest = max((f.dtype.alignment for _, _, f in parts), default=1)
+    widest = max((f.dtype.alignment for _, _, f, _ in parts), default=1)
     nbytes = -(-cursor // widest) * widest
     leaves = tuple(
-        Leaf(path, np.dtype(f.dtype), tuple(f.shape), offsets[i], codec.space, codec.kind, f.name, codec)
-        for i, (path, codec, f) in enumerate(parts)
+        Leaf(path, np.dtype(f.dtype), tuple(f.shape), offsets[i], codec.space, codec.kind, f.name, codec, bounds)
+        for i, (path, codec, f, bounds) in enumerate(parts)
     )
     return leaves, nbytes
 
@@ -273,7 +289,7 @@ def _unflatten_function(root: Node) -> Any:
 
     def expr(path: tuple, node: Node, parts: tuple) -> str:
         if type(node) is LeafNode:
-            if type(node.codec).view is LeafCodec.view:
+            if type(node.codec).view is LeafCodec.view and len(node.leaf_ids) == 1:
                 return f"v[{node.leaf_ids[0]}]"
             names[f"view{len(names)}"] = node.codec.view
             return f"view{len(names) - 1}(({''.join(f'v[{i}], ' for i in node.leaf_ids)}))"
@@ -379,4 +395,4 @@ def _split_json(obj: Any, path: tuple) -> Any:
         raise EmulationError(f"layout JSON at {format_path(path)}: shape {short(shape, 200)} must be a list of "
                              f"non-negative ints with at most {MAX_JSON_LEAF_ELEMENTS} elements in all")
     with _malformed("layout JSON", path):
-        return cls.from_spec(spec)
+        return _checked_fields(cls.from_spec(spec), path)

@@ -18,7 +18,7 @@ import numpy as np
 from packrl.emulation.codecs import LeafCodec
 from packrl.emulation.compiled import CompiledPack
 from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, flatten, iter_leaves
-from packrl.emulation.values import format_path, python_ints
+from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 
 COMPILE_AFTER = 256
@@ -165,7 +165,7 @@ class Packer:
             else:
                 codec.check(view, path, (n,))  # ranges and bounds, once for the whole batch
                 return
-        for leaf_id, arr in zip(node.leaf_ids, codec.check(_column_array(codec, column, path), path, (n,))):
+        for leaf_id, arr in zip(node.leaf_ids, codec.check_column(column, path)):
             views[leaf_id][...] = arr
 
 
@@ -183,7 +183,7 @@ class BoundRows:
         # a Dict of plain leaves unpacks as a copy of this tree: the same views in a new dict, made in C
         root = packer.root
         plain = type(root) is DictNode and all(type(c) is LeafNode and type(c.codec).view is LeafCodec.view
-                                               for c in root.children)
+                                               and len(c.leaf_ids) == 1 for c in root.children)
         self.copy_tree = self.tree.copy if plain else None
         # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
         self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable \
@@ -217,41 +217,3 @@ class BoundRows:
 def check_writable(buf: np.ndarray, what: str) -> None:
     if not buf.flags.writeable:
         raise EmulationError(f"{what} is a read-only array: packing writes into it (pass a writable copy)")
-
-
-def _column_array(codec: LeafCodec, column: list, path: tuple) -> Any:
-    """One leaf of many samples as one array (object array for strings). Where the column does not
-    read as one regular numeric array, each sample is checked as ``pack`` checks it, so
-    ``pack_batch`` accepts and refuses exactly the samples ``pack`` does, and names the sample."""
-    if codec.is_string:
-        arr = np.empty(len(column), dtype=object)
-        arr[:] = column
-        return arr
-    if not column:
-        return np.zeros((0,) + codec.fields[0].shape, codec.fields[0].dtype)
-    field = codec.fields[0]
-    arrays = [type(v) is np.ndarray for v in column]
-    if codec.stores_input and any(arrays):
-        for i, v in enumerate(column):  # shapes first: np.array of a huge stride-0 view would copy all of it
-            if arrays[i] and v.shape != field.shape:
-                raise EmulationError(f"sample {i}: leaf {format_path(path)}: shape {v.shape} does not match the "
-                                     f"space's {field.shape}")
-    try:
-        arr = np.array(column)
-    except (ValueError, TypeError, OverflowError):
-        arr = None
-    if arr is not None and arr.dtype.kind in "fO" and field.dtype.kind in "iu" and len(codec.fields) == 1 \
-            and not any(a and v.dtype == object for a, v in zip(arrays, column)):  # pack refuses object arrays
-        # Python ints beyond int64 beside smaller ones read as float64: convert them one by one
-        exact = python_ints(column, field.dtype, (len(column), *field.shape), path)
-        if exact is not None:
-            return exact
-    if arr is not None and arr.dtype != object:
-        return arr
-    checked = []  # the column checked sample by sample (as pack checks one), stacked
-    for i, value in enumerate(column):
-        try:
-            checked.append(codec.check(value, path)[0])
-        except EmulationError as err:
-            raise EmulationError(f"sample {i}: {err}") from None
-    return np.stack(checked)

@@ -48,6 +48,8 @@ from packrl.emulation.actions import ActionLayout
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.rows import row_format
+from packrl.emulation.tree import iter_leaves
+from packrl.emulation.values import format_path
 from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError, UsageError
@@ -141,25 +143,28 @@ class LeafCheck:
         return "no NaN"
 
 
-def _leaf_field_name(leaf: Leaf) -> str:
-    name = "_".join(str(k) for k in leaf.path) or "obs"
+def _leaf_key(path: tuple) -> str:
+    name = "_".join(str(k) for k in path) or "obs"
     return name if name[0].isalpha() else "leaf_" + name
 
 
 def leaf_checks(env: NumbaEnv, layout: Layout) -> tuple[LeafCheck, ...]:
-    """One check per leaf: NaN for float leaves, the space's bounds for bounded integer leaves."""
+    """One check per field of each leaf (named by its codec, ``kernel_names``): NaN for float
+    fields, the field's bounds for bounded integer fields."""
     checks, seen = [], {}
-    for i, leaf in enumerate(layout.leaves):
-        if leaf.codec.is_string:
-            raise EnvError(f"numba env {env.name!r}: observation leaf {leaf.name!r} is a string; Numba envs take numeric leaves only")
-        name = _leaf_field_name(leaf)
-        _check_identifier(env.name, "observation leaf", name)
-        if name in seen:
-            raise EnvError(f"numba env {env.name!r}: observation leaves {seen[name]!r} and {leaf.name!r} both become "
-                           f"kernel field {name!r}; rename a Dict key")
-        seen[name] = leaf.name
-        shape = leaf.shape or (1,)
-        checks.append(LeafCheck(i, leaf, name, *_bounds(env, leaf, shape)))
+    for path, node in iter_leaves(layout.root):
+        try:
+            names = node.codec.kernel_names(_leaf_key(path))
+        except EmulationError as err:
+            raise EnvError(f"numba env {env.name!r}: observation leaf {format_path(path)!r} {err}") from None
+        for leaf_id, name in zip(node.leaf_ids, names):
+            leaf = layout.leaves[leaf_id]
+            _check_identifier(env.name, "observation leaf", name)
+            if name in seen:
+                raise EnvError(f"numba env {env.name!r}: observation leaves {seen[name]!r} and {leaf.name!r} both become "
+                               f"kernel field {name!r}; rename a Dict key")
+            seen[name] = leaf.name
+            checks.append(LeafCheck(leaf_id, leaf, name, *_bounds(env, leaf, leaf.shape or (1,))))
     return tuple(checks)
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
+from packrl.emulation.codecs import registrations, restore_registrations
 from packrl.errors import UsageError
 from packrl.vector.attrs import Request, run_block, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
@@ -76,6 +77,7 @@ class WorkerArgs:
     first_env: int
     num_envs: int
     creator: bytes  # cloudpickled: lambdas and closures work with spawn and forkserver too
+    registrations: tuple  # the main process's register_space builders, by import name (codecs.registrations)
     segment: str
     plan: BufferPlan
     spec: EnvSpec
@@ -184,7 +186,8 @@ class Multiprocessing(WorkerBackend):
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._wake, self._control, shm, self._conns)
         for w in range(num_workers):
             reader, writer = ctx.Pipe(duplex=True)  # replies come back on it; call() requests go out on it
-            args = WorkerArgs(w, w * per_worker, per_worker, creator, shm.name, plan, spec, worker_spin_s)
+            args = WorkerArgs(w, w * per_worker, per_worker, creator, registrations(), shm.name, plan, spec,
+                              worker_spin_s)
             proc = ctx.Process(target=_worker_main, args=(args, self._wake[w], self._done, writer),
                                name=f"packrl-vector-worker-{w}", daemon=True)
             self._procs.append(proc)
@@ -531,6 +534,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
     envs: list = []
     try:
         try:
+            restore_registrations(args.registrations)  # before the creator: its envs' layouts may need them
             creator = cloudpickle.loads(args.creator)
             for k in range(args.num_envs):
                 envs.append(build_env(creator))
