@@ -60,6 +60,11 @@ def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch
     return part.view(dtype).view(batch + shape)
 
 
+def check_rows(x: torch.Tensor, layout: Layout) -> None:
+    """Refuse (``NativizeError``) a tensor that is not uint8 rows of ``layout.nbytes`` bytes; no torch op."""
+    _check(x.dtype == torch.uint8, x.dtype, tuple(x.shape), layout)
+
+
 def _packed_shape(x: Any, layout: Layout) -> bool:
     uint8 = x.dtype == (np.uint8 if isinstance(x, np.ndarray) else torch.uint8)
     return uint8 and x.ndim >= 1 and x.shape[-1] == layout.nbytes

@@ -9,7 +9,7 @@ from torch import nn
 
 from packrl import EmulationError, NativizeError
 from packrl.emulation import ActionLayout, Layout, emulate
-from packrl.models import LayoutEncoder, LSTMWrapper, Policy, leaf_tensors
+from packrl.models import Flat, LayoutEncoder, LSTMWrapper, Policy, leaf_tensors
 
 RICH = spaces.Dict({
     "pos": spaces.Box(-2, 2, (3,), np.float32),
@@ -88,9 +88,7 @@ def test_eager_and_compiled_forward_eval_agree():
                          "room": spaces.Discrete(5, start=3), "action_mask": spaces.Box(0, 1, (6,), np.int8)})
     layout = Layout.from_space(space)
     torch.manual_seed(0)
-    # hidden 8 <= batch 8: the Flat scaling folded into the projection is what gets compiled
     policy = Policy.from_layouts(layout, spaces.Discrete(6), "mlp", hidden=8, action_mask=("action_mask",))
-    policy.encoder.fold_min_elements = 0  # fold however few elements the batch has
     x = _rows(layout, space, 8, seed=3)
     want = policy.forward_eval(x, ())
     got = torch.compile(policy.forward_eval, fullgraph=True)(x, ())
@@ -240,19 +238,23 @@ def test_legacy_policy_through_the_recurrent_wrapper():
         LSTMWrapper(nn.Linear(2, 2), spaces.Discrete(2))
 
 
-def test_folded_scaling_equals_the_scaled_concatenation():
+def test_fused_flat_read_equals_each_leaf_read_alone():
+    """The flat leaves read together (a slice, a view and a cast per dtype, one scaling) equal Flat applied to each
+    leaf's own view, column for column, and the features equal the projection of every part side by side."""
     torch.manual_seed(0)
     encoder = LayoutEncoder(RICH_LAYOUT, 8)
-    encoder.fold_min_elements = 0  # fold however few elements the batch has
-    x = _rows(RICH_LAYOUT, RICH, 16)  # batch >= hidden: Flat scaling folded into the projection
-    folded = encoder(x)
-    values = leaf_tensors(x, RICH_LAYOUT)
+    x = _rows(RICH_LAYOUT, RICH, 16)
+    views = {(leaf.path, leaf.field): v for leaf, v in zip(RICH_LAYOUT.leaves, leaf_tensors(x, RICH_LAYOUT))}
+    assert len(encoder.flat_leaves) > 3 and len({leaf.dtype for leaf in encoder.flat_leaves}) > 2
+    want = torch.cat([Flat(leaf)(views[leaf.path, leaf.field]) for leaf in encoder.flat_leaves], -1)
+    torch.testing.assert_close(encoder._flat(x), want)
     from packrl.emulation.codecs import TextView
 
-    parts = [m(TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]])
-             for m, ids, text in zip(encoder.leaf_encoders, encoder.groups, encoder.text)]
-    torch.testing.assert_close(folded, encoder.project(torch.cat(parts, -1)), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(folded[:3], encoder(x[:3]), rtol=1e-4, atol=1e-5)  # small batch: data scaled
+    parts = [want]
+    for module, path in zip(encoder.leaf_encoders, encoder.paths):
+        fields = [views[leaf.path, leaf.field] for leaf in RICH_LAYOUT.leaves if leaf.path == path]
+        parts.append(module(TextView(*fields) if len(fields) == 2 else fields[0]))
+    torch.testing.assert_close(encoder(x), encoder.project(torch.cat(parts, -1)), rtol=1e-4, atol=1e-5)
 
 
 def test_image_leaves_get_conv_encoders_in_either_channel_order():
@@ -261,7 +263,7 @@ def test_image_leaves_get_conv_encoders_in_either_channel_order():
     space = spaces.Dict({"rgb": spaces.Box(0, 255, (3, 40, 40), np.uint8), "grid": spaces.Box(0, 10, (9, 9, 2), np.uint8)})
     layout = Layout.from_space(space)
     encoder = LayoutEncoder(layout, 8)
-    kinds = {layout.leaves[ids[0]].path: m for m, ids in zip(encoder.leaf_encoders, encoder.groups)}
+    kinds = dict(zip(encoder.paths, encoder.leaf_encoders))
     assert isinstance(kinds[("rgb",)], ImageEncoder) and not kinds[("rgb",)].channels_last
     assert isinstance(kinds[("grid",)], ImageEncoder) and kinds[("grid",)].channels_last
     assert encoder(_rows(layout, space, 2)).shape == (2, 8)

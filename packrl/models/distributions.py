@@ -51,11 +51,10 @@ class MultiCategorical:
         width = max(nvec)
         if len(nvec) == 1 or all(n == width for n in nvec):
             padded = logits.reshape(self.batch + (len(nvec), width))
-        else:
-            pad = logits.new_full(self.batch + (1,), -math.inf)
-            index = torch.as_tensor(_pad_index(nvec), device=logits.device)
-            padded = torch.cat([logits, pad], -1)[..., index].reshape(self.batch + (len(nvec), width))
-        self.logits = padded.float()
+        else:  # one pad slot at the end, gathered into each narrower branch's tail
+            index = _pad_index_tensor(nvec, logits.device)
+            padded = F.pad(logits, (0, 1), value=-math.inf).index_select(-1, index).view(self.batch + (len(nvec), width))
+        self.logits = padded if padded.dtype == torch.float32 else padded.float()
         self.log_probs = torch.log_softmax(self.logits, -1)  # (..., k, width)
 
     @property
@@ -70,14 +69,22 @@ class MultiCategorical:
         # can never win over one of positive probability.
         return self.sample_with_log_prob()[0]
 
-    def sample_with_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(action, log_prob(action))`` of one draw, sharing the gather index (the rollout's form)."""
-        race = torch.empty_like(self.log_probs).exponential_().clamp_(min=torch.finfo(self.log_probs.dtype).tiny)
-        choice = (self.log_probs - race.log_()).argmax(-1, keepdim=True)  # (..., k, 1)
+    def sample_with_log_prob(self, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob(action))`` of one draw, sharing the gather index (the rollout's form). ``noise``:
+        Gumbel draws shaped like ``log_probs`` (``ActionSpec.fill_noise``) instead of drawing here."""
+        if noise is None:
+            noise = gumbel_(torch.empty_like(self.log_probs))
+        choice = (self.log_probs + noise).argmax(-1, keepdim=True)  # (..., k, 1)
         log_prob = self.log_probs.gather(-1, choice)
         if self.scalar:
             return choice.reshape(self.batch), log_prob.reshape(self.batch)
         return choice.squeeze(-1), log_prob.squeeze(-1).sum(-1)
+
+    def sample_into(self, noise: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> None:
+        """The rollout's draw written into storage, five ops and nothing allocated from the host (CUDA-graph safe):
+        ``action`` ``(..., k)`` int64 (a scalar action's ``(..., 1)`` view), ``log_prob`` ``(...)``."""
+        torch.argmax(self.log_probs + noise, -1, out=action)
+        torch.sum(self.log_probs.gather(-1, action.unsqueeze(-1)), (-2, -1), out=log_prob)
 
     def mode(self) -> torch.Tensor:
         choice = self.log_probs.argmax(-1)
@@ -93,6 +100,29 @@ class MultiCategorical:
         # clamp -inf (padding) to a finite value so that 0 * log 0 is 0, not NaN
         log_probs = self.log_probs.clamp(min=torch.finfo(self.log_probs.dtype).min)
         return -(log_probs.exp() * log_probs).sum((-1, -2))
+
+
+def gumbel_(x: torch.Tensor) -> torch.Tensor:
+    """Fill ``x`` with Gumbel draws ``-log E``, E ~ Exp(1), in place. argmax(log p + g) picks choice i with
+    probability p_i exactly (the exponential race), in fewer and smaller ops than multinomial. E is kept >= the
+    smallest normal float so g stays finite (<= 87.4): a choice of probability 0 (log p = -inf for padding, about
+    -3.4e38 for masked logits) can never win over one of positive probability."""
+    return x.exponential_().clamp_(min=torch.finfo(x.dtype).tiny).log_().neg_()
+
+
+_PAD_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def _pad_index_tensor(nvec: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``_pad_index`` as a tensor on ``device``, made once per (nvec, device): no host-to-device copy per call, so a
+    rollout step that builds a MultiCategorical can be captured in a CUDA graph."""
+    if torch.compiler.is_compiling():
+        return torch.as_tensor(_pad_index(nvec), device=device)
+    key = (nvec, device)
+    index = _PAD_INDEX.get(key)
+    if index is None:
+        index = _PAD_INDEX[key] = torch.as_tensor(_pad_index(nvec), device=device)
+    return index
 
 
 def _pad_index(nvec: tuple[int, ...]) -> list[int]:
@@ -122,12 +152,13 @@ class SquashedNormal:
         self.std = self.log_std.exp()
         self.bounds = bounds.to(mean.device)
 
-    def sample(self) -> torch.Tensor:
-        u = self.mean + self.std * torch.randn_like(self.mean)
+    def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """A draw; ``noise``: standard normal draws shaped like ``mean`` instead of drawing here."""
+        u = torch.addcmul(self.mean, self.std, torch.randn_like(self.mean) if noise is None else noise)
         return self.bounds.squash(u)
 
-    def sample_with_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
-        action = self.sample()
+    def sample_with_log_prob(self, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        action = self.sample(noise)
         return action, self.log_prob(action)
 
     def mode(self) -> torch.Tensor:
@@ -216,9 +247,9 @@ class Hybrid:
     def sample(self) -> dict[str, torch.Tensor]:
         return {"discrete": self.discrete.sample(), "continuous": self.continuous.sample()}
 
-    def sample_with_log_prob(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        discrete, log_prob = self.discrete.sample_with_log_prob()
-        continuous, continuous_log_prob = self.continuous.sample_with_log_prob()
+    def sample_with_log_prob(self, noise: tuple | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        discrete, log_prob = self.discrete.sample_with_log_prob(None if noise is None else noise[0])
+        continuous, continuous_log_prob = self.continuous.sample_with_log_prob(None if noise is None else noise[1])
         return {"discrete": discrete, "continuous": continuous}, log_prob + continuous_log_prob
 
     def mode(self) -> dict[str, torch.Tensor]:
@@ -261,6 +292,37 @@ class ActionSpec:
         if disc is not None and cont is not None:
             return Hybrid(disc, cont)
         return disc if disc is not None else cont
+
+    # ------------------------------------------------------------ rollout storage
+
+    def empty_actions(self, batch: tuple, device: torch.device) -> Any:
+        """Zeroed storage for actions of ``batch`` rows in the policy-facing form ``sample()`` gives."""
+        k, m = len(self.nvec), self.num_continuous
+        choices = lambda: torch.zeros(batch if self.kind == "discrete" else (*batch, k), dtype=torch.long,  # noqa: E731
+                                      device=device)
+        values = lambda: torch.zeros((*batch, m), device=device)  # noqa: E731
+        if self.kind == "hybrid":
+            return {"discrete": choices(), "continuous": values()}
+        return values() if self.kind == "continuous" else choices()
+
+    def empty_noise(self, batch: tuple, device: torch.device) -> Any:
+        """Storage for the draws of ``batch`` rows' samples (``fill_noise``): Gumbel draws ``(*batch, k, width)`` for
+        the discrete branches, standard normal ``(*batch, m)`` for the continuous dimensions, a pair for hybrid."""
+        gumbel = lambda: torch.zeros((*batch, len(self.nvec), max(self.nvec)), device=device)  # noqa: E731
+        normal = lambda: torch.zeros((*batch, self.num_continuous), device=device)  # noqa: E731
+        if self.kind == "hybrid":
+            return gumbel(), normal()
+        return normal() if self.kind == "continuous" else gumbel()
+
+    def fill_noise(self, noise: Any) -> None:
+        """Draw ``empty_noise``'s storage anew, in place (a rollout draws all of its steps' noise at once)."""
+        if self.kind == "hybrid":
+            gumbel_(noise[0])
+            noise[1].normal_()
+        elif self.kind == "continuous":
+            noise.normal_()
+        else:
+            gumbel_(noise)
 
     def to_numpy(self, action: Any) -> Any:
         """An action from ``sample()``/``mode()`` as numpy arrays ready for ``env.step``: int64 choices,

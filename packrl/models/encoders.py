@@ -36,7 +36,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.nativize import leaf_views, nativize, torch_dtype
+from packrl.nativize import TORCH_DTYPES, check_rows, leaf_views, nativize, torch_dtype
 
 EMBED_DIM = 16
 """Width of each Discrete / MultiDiscrete / character embedding."""
@@ -47,11 +47,6 @@ MAX_EMBEDDING = 65536
 INT_SCALE_LIMIT = 2**24
 """Integer leaves whose bounds span more than this (counters, full int32/int64 ranges) get symlog."""
 
-FOLD_MIN_ELEMENTS = 1 << 16
-"""A Flat leaf's scaling is folded into the projection weights (see LayoutEncoder.forward) only when the
-batch has at least this many of its elements: below that, the extra weight ops cost more than
-scaling the data (and their backward more still)."""
-
 FINITE_LIMIT = 1e18
 """Bounds of larger magnitude count as infinite when scaling (float32 max is a common stand-in for inf)."""
 
@@ -59,36 +54,44 @@ FINITE_LIMIT = 1e18
 # ---------------------------------------------------------------- leaf encoders
 
 class Flat(nn.Module):
-    """A numeric leaf flattened to floats and scaled to [-1, 1] where its bounds are finite.
-    Integers whose bounds span more than INT_SCALE_LIMIT get symlog; unbounded floats pass as they are."""
+    """A numeric leaf (every field of it) flattened to floats and scaled to [-1, 1] where its bounds are finite.
+    Integers whose bounds span more than INT_SCALE_LIMIT get symlog; unbounded floats pass as they are.
+    ``Flat(leaf)`` or ``Flat([field leaves of one path])``: the fields' elements side by side, in that order."""
 
-    def __init__(self, leaf: Leaf):
+    def __init__(self, leaf: Leaf | list[Leaf]):
         super().__init__()
-        size = math.prod(leaf.shape)
-        self.output_size = size
-        low, high = _bounds(leaf)
-        finite = (np.abs(low) < FINITE_LIMIT) & (np.abs(high) < FINITE_LIMIT)
-        if leaf.dtype.kind in "iu":
-            finite &= (high - low) <= INT_SCALE_LIMIT
-        low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
-        half = np.where(finite & (high > low), (high - low) / 2, 1.0)
-        # y = x * scale + shift is (x - center) / half; symlog entries keep scale 1, shift 0
-        self.register_buffer("scale", torch.as_tensor(np.where(finite, 1.0 / half, 1.0).reshape(-1), dtype=torch.float32))
-        self.register_buffer("shift", torch.as_tensor(np.where(finite, -(low + high) / 2 / half, 0.0).reshape(-1), dtype=torch.float32))
-        symlog = ~finite if leaf.dtype.kind in "iu" else np.zeros_like(finite)
+        fields = [leaf] if isinstance(leaf, Leaf) else list(leaf)
+        scale, shift, symlog = (np.concatenate(parts) for parts in zip(*(_flat_constants(f) for f in fields)))
+        self.output_size = int(scale.size)
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
+        self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32))
         self.any_symlog = bool(symlog.any())
-        self.register_buffer("symlog", torch.as_tensor(symlog.reshape(-1)))
+        self.register_buffer("symlog", torch.as_tensor(symlog))
 
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        """The leaf as floats before the affine scaling (symlog already applied where it is due).
-        LayoutEncoder folds ``scale`` and ``shift`` into its projection instead: one pass over the data."""
-        x = x.reshape(x.shape[0], -1).float()
+    def raw(self, x: torch.Tensor | tuple) -> torch.Tensor:
+        """The leaf as floats before the affine scaling (symlog already applied where it is due)."""
+        parts = x if isinstance(x, tuple) else (x,)
+        flat = [p.reshape(p.shape[0], -1) for p in parts]
+        x = (flat[0] if len(flat) == 1 else torch.cat([p.float() for p in flat], -1)).float()
         if self.any_symlog:
             x = torch.where(self.symlog, torch.sign(x) * torch.log1p(x.abs()), x)
         return x
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | tuple) -> torch.Tensor:
         return torch.addcmul(self.shift, self.raw(x), self.scale)
+
+
+def _flat_constants(leaf: Leaf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scale, shift, symlog) per element of one field: ``x * scale + shift`` is ``(x - center) / half``."""
+    low, high = _bounds(leaf)
+    finite = (np.abs(low) < FINITE_LIMIT) & (np.abs(high) < FINITE_LIMIT)
+    if leaf.dtype.kind in "iu":
+        finite &= (high - low) <= INT_SCALE_LIMIT
+    low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
+    half = np.where(finite & (high > low), (high - low) / 2, 1.0)
+    symlog = ~finite if leaf.dtype.kind in "iu" else np.zeros_like(finite)
+    return (np.where(finite, 1.0 / half, 1.0).reshape(-1), np.where(finite, -(low + high) / 2 / half, 0.0).reshape(-1),
+            np.asarray(symlog, bool).reshape(-1))
 
 
 class DiscreteEmbedding(nn.Module):
@@ -101,15 +104,19 @@ class DiscreteEmbedding(nn.Module):
         super().__init__()
         nvec, start = np.asarray(nvec, np.int64).reshape(-1), np.asarray(start, np.int64).reshape(-1)
         offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+        # index = clamp(x, start, start + n - 1) + (offset - start): two ops, no overflow on int64 extremes
         self.register_buffer("start", torch.as_tensor(start))
-        self.register_buffer("offsets", torch.as_tensor(offsets))
-        self.register_buffer("last", torch.as_tensor(nvec - 1))
+        self.register_buffer("stop", torch.as_tensor(start + nvec - 1))
+        self.register_buffer("shift", torch.as_tensor(offsets - start))
         self.table = nn.Embedding(int(nvec.sum()), dim)
         self.output_size = dim * len(nvec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        index = x.reshape(x.shape[0], -1).long() - self.start
-        index = torch.minimum(index.clamp(min=0), self.last) + self.offsets
+        if x.ndim != 2:
+            x = x.reshape(x.shape[0], -1)
+        if x.dtype != torch.int64:
+            x = x.long()
+        index = torch.clamp(x, self.start, self.stop) + self.shift
         return self.table(index).reshape(x.shape[0], -1)
 
 
@@ -340,7 +347,8 @@ def image_channels_last(leaf: Leaf) -> bool | None:
 
 def _bounds(leaf: Leaf) -> tuple[np.ndarray, np.ndarray]:
     """A numeric leaf's bounds as float64 (``leaf.bounds``); unbounded for categorical and string leaves."""
-    bounds = leaf.bounds
+    bounds = leaf.bounds if leaf.field is None else next(
+        (f.bounds for f in leaf.codec.fields if f.name == leaf.field), None)
     if bounds is None or leaf.codec.categorical:
         return np.full(leaf.shape, -np.inf), np.full(leaf.shape, np.inf)
     return bounds.low.astype(np.float64), bounds.high.astype(np.float64)
@@ -351,24 +359,43 @@ def _bounds(leaf: Leaf) -> tuple[np.ndarray, np.ndarray]:
 CHOICES = ("flat", "embedding", "cnn", "nature", "impala", "cells", "words")
 
 
+SMALL_IMAGE_CELLS = 64
+"""An image of fewer cells than this (smaller than 8x8) is read by the flat encoder: at that size one linear layer
+over its bytes sees every cell, where a conv trunk costs two convolutions and a wide linear layer per step (the 5x5
+gridworld's 50 bytes). Larger images get a conv trunk."""
+
+
 def default_choice(leaf: Leaf) -> str:
-    """The built-in encoder a leaf gets without an override."""
+    """The built-in encoder a leaf gets without an override (``leaf``: its first field)."""
     if leaf.codec.is_string:
         return "words"
+    if len(leaf.codec.fields) > 1:  # a registered leaf of several fields: each field read as numbers
+        return "flat"
     if leaf.codec.categorical:
         return "embedding"
     channels_last = image_channels_last(leaf)
     if channels_last is not None:
         h, w = leaf.shape[:2] if channels_last else leaf.shape[1:]
+        if h * w < SMALL_IMAGE_CELLS:
+            return "flat"
         return "nature" if min(h, w) >= 36 else "cnn"
     return "flat"
 
 
-def build_leaf_encoder(leaf: Leaf, choice: str) -> nn.Module:
-    """The built-in encoder ``choice`` for ``leaf`` (a string leaf's ``leaf`` is its chars field)."""
+def build_leaf_encoder(leaf: Leaf | list[Leaf], choice: str) -> nn.Module:
+    """The built-in encoder ``choice`` for a leaf: its ``Leaf`` (a one-field leaf, or a string leaf's chars field) or
+    the list of its fields' Leaf entries. 'flat' reads every field; the others read a leaf of one array."""
+    fields = [leaf] if isinstance(leaf, Leaf) else list(leaf)
+    leaf = fields[0]
     where = f"leaf {format_path(leaf.path)}"
     if choice not in CHOICES:
         raise ValueError(f"{where}: unknown encoder {choice!r}; choose one of {CHOICES}, 'drop', or pass an nn.Module")
+    if choice == "flat" and not leaf.codec.is_string:
+        return Flat(fields)
+    if len(fields) > 1 and not leaf.codec.is_string:
+        names = ", ".join(str(f.field) for f in fields)
+        raise EmulationError(f"{where} has {len(fields)} fields ({names}): {choice!r} reads a leaf of one array; use "
+                             "'flat' (every field), 'drop', or pass an nn.Module (it gets a tuple of the fields)")
     if leaf.codec.is_string:
         if choice == "words":
             return WordEncoder(string_separators(leaf), leaf.codec.vocab, int(leaf.shape[-1]))
@@ -416,12 +443,17 @@ def leaf_tensors(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 
 
 class LayoutEncoder(nn.Module):
-    """Rows ``(..., nbytes)`` uint8 -> features ``(..., hidden)``, one sub-encoder per leaf path.
+    """Rows ``(..., nbytes)`` uint8 -> features ``(..., hidden)``: each leaf path embedded by its sub-encoder, the
+    embeddings side by side, one ``Linear + ReLU`` projection.
+
+    The leaves read by the flat encoder (numbers, small images, every field of a registered leaf) are read
+    together: per dtype present, one slice of the row, one dtype view and one float cast, then one affine scaling
+    of all of them. A step costs a handful of ops however many such leaves the layout has (each op is a kernel
+    launch on a GPU). The other sub-encoders get their leaf's typed view ``(B, *shape)`` (2-d ``(B, n)`` for
+    embeddings), a ``TextView`` for strings, or a tuple of views for a leaf of several fields.
 
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
-
-    fold_min_elements = FOLD_MIN_ELEMENTS
 
     def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None):
         super().__init__()
@@ -435,63 +467,105 @@ class LayoutEncoder(nn.Module):
         if unknown:
             raise EmulationError(f"overrides name no leaf: {[format_path(p) for p in unknown]}; "
                                  f"leaves are {[format_path(p) for p in paths]}")
-        self.groups: list[tuple[int, ...]] = []  # leaf indices feeding each sub-encoder
-        self.text: list[bool] = []
-        encoders = []
+        flat_fields: list[Leaf] = []
+        encoders: list[nn.Module] = []
+        self.inputs: list[tuple] = []  # how each sub-encoder's input is read from a row (see _read)
+        self.paths: list[tuple] = []  # the leaf path of each sub-encoder
         for path, ids in paths.items():
-            leaf = layout.leaves[ids[0]]
-            choice = overrides.get(path, default_choice(leaf))
+            fields = [layout.leaves[i] for i in ids]
+            choice = overrides.get(path, default_choice(fields[0]))
             if choice is None or choice == "drop":
                 continue
-            module = choice if isinstance(choice, nn.Module) else build_leaf_encoder(leaf, choice)
+            module = choice if isinstance(choice, nn.Module) else build_leaf_encoder(fields, choice)
             if not hasattr(module, "output_size"):
                 raise EmulationError(f"override for leaf {format_path(path)}: the module needs an output_size attribute")
+            if type(module) is Flat and not isinstance(choice, nn.Module):
+                flat_fields += fields
+                continue
             encoders.append(module)
-            self.groups.append(tuple(ids))
-            self.text.append(leaf.codec.is_string)
-        if not encoders:
+            self.paths.append(path)
+            self.inputs.append(_input_plan(fields, two_d=isinstance(module, (DiscreteEmbedding, ScaledIndex))))
+        if not encoders and not flat_fields:
             raise EmulationError("every leaf was dropped: the encoder has no input")
         self.leaf_encoders = nn.ModuleList(encoders)
-        self.concat_size = sum(m.output_size for m in encoders)
+        self._plan_flat(flat_fields)
+        self.concat_size = self.flat_size + sum(m.output_size for m in encoders)
         self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), nn.ReLU())
-        self.single = len(encoders) == 1
         self._linear = (self.project[0],)  # a plain tuple: Sequential indexing costs a microsecond a call
         self._passthrough: dict = {}  # (dtype, shape) -> whether such input is the Box itself
         self.passthrough_leaf = layout.box
         self.passthrough_dtype = torch_dtype(layout.box.dtype) if layout.box is not None else None
 
+    def _plan_flat(self, fields: list[Leaf]) -> None:
+        """Group the flat fields by dtype: per group a byte range of the row and, when other bytes lie between
+        its fields, the element columns to keep. The scaling constants follow the same column order."""
+        self.flat_size = sum(math.prod(f.shape) for f in fields)
+        self.flat_groups: list[tuple[int, int, torch.dtype, str | None]] = []
+        self.flat_leaves: tuple[Leaf, ...] = ()  # the flat fields in the order of their feature columns
+        by_dtype: dict[str, list[Leaf]] = {}
+        for f in sorted(fields, key=lambda f: f.offset):
+            if f.nbytes:
+                by_dtype.setdefault("uint8" if f.dtype == np.bool_ else f.dtype.name, []).append(f)  # bool: its bytes
+        constants = []
+        for name, group in by_dtype.items():
+            itemsize = np.dtype(name).itemsize
+            lo, hi = group[0].offset, max(f.offset + f.nbytes for f in group)
+            cols = np.concatenate([(f.offset - lo) // itemsize + np.arange(math.prod(f.shape)) for f in group])
+            index = None
+            if len(cols) != (hi - lo) // itemsize:  # other leaves' bytes in between: keep this group's columns
+                index = f"flat_columns_{len(self.flat_groups)}"
+                self.register_buffer(index, torch.as_tensor(cols, dtype=torch.long), persistent=False)
+            self.flat_groups.append((lo, hi, TORCH_DTYPES[name], index))
+            constants += [_flat_constants(f) for f in group]
+            self.flat_leaves += tuple(group)
+        scale, shift, symlog = (np.concatenate(c) if c else np.zeros(0) for c in zip(*constants)) if constants \
+            else (np.zeros(0),) * 3
+        self.register_buffer("flat_scale", torch.as_tensor(scale, dtype=torch.float32))
+        self.register_buffer("flat_shift", torch.as_tensor(shift, dtype=torch.float32))
+        self.register_buffer("flat_symlog", torch.as_tensor(np.asarray(symlog, bool)))
+        self.flat_any_symlog = bool(np.asarray(symlog, bool).any())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        leaf = self.passthrough_leaf
-        if leaf is not None and self._is_passthrough(x):
-            batch = tuple(x.shape[: x.ndim - len(leaf.shape)])
-            values = [x.reshape((-1,) + leaf.shape)]
-        else:
-            batch = tuple(x.shape[:-1])
-            values = leaf_tensors(x.reshape(-1, x.shape[-1]), self.layout)
-        # Linear(concat(parts)) computed leaf by leaf, without the concatenation copy. For batches at
-        # least as large as the hidden width, a Flat leaf's affine scaling is folded into its weight
-        # columns (W (s x + t) = (W s) x + W t): the data is read once, as in a plain float cast,
-        # and the weights keep the scaled parameterization. Small batches scale the data instead.
-        linear = self._linear[0]
-        weight, out, first = linear.weight, linear.bias, 0
-        rows = values[0].shape[0]
-        fold = rows >= self.hidden
-        for module, ids, text in zip(self.leaf_encoders, self.groups, self.text):
-            value = TextView(values[ids[0]], values[ids[1]]) if text else values[ids[0]]
-            if fold and type(module) is Flat and value.numel() >= self.fold_min_elements:
-                part = module.raw(value)
-                w = weight[:, first:first + part.shape[-1]]
-                out = torch.addmm(out + w @ module.shift, part, (w * module.scale).T)
-            elif self.single:  # one sub-encoder reads the whole projection: no weight slice
-                part = module.forward(value) if type(module) is Flat else module(value)
-                out = F.linear(part, weight, out)
-                continue
+        box = self.passthrough_leaf
+        if box is not None and self._is_passthrough(x):
+            batch = tuple(x.shape[: x.ndim - len(box.shape)])
+            if self.flat_size:  # the Box is the one flat leaf
+                parts = [self._scale(x.reshape(-1, self.flat_size))]
             else:
-                part = module(value)
-                out = torch.addmm(out, part, weight[:, first:first + part.shape[-1]].T)
-            first += part.shape[-1]
-        out = torch.relu(out)  # self.project[1], without a module call per step
+                parts = [self.leaf_encoders[0](x.reshape((-1,) + box.shape))]
+        else:
+            check_rows(x, self.layout)
+            batch = tuple(x.shape[:-1])
+            rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+            parts = [self._flat(rows)] if self.flat_size else []
+            parts += [module(_read(rows, plan)) for module, plan in zip(self.leaf_encoders, self.inputs)]
+        features = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        linear = self._linear[0]
+        out = torch.relu(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
+
+    def _flat(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""
+        parts = []
+        for lo, hi, dtype, index in self.flat_groups:
+            part = rows[:, lo:hi]
+            if dtype != torch.uint8:
+                part = part.view(dtype)
+            if index is not None:
+                part = part.index_select(1, getattr(self, index))
+            parts.append(part)
+        if len(parts) > 1:
+            if not all(p.dtype in _PROMOTE_TO_INT64 for p in parts):
+                parts = [p if p.dtype == torch.float32 else p.float() for p in parts]
+            return self._scale(torch.cat(parts, -1))  # integer parts: one cat promotes them to int64, one cast
+        return self._scale(parts[0])
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            x = x.float()
+        if self.flat_any_symlog:
+            x = torch.where(self.flat_symlog, torch.sign(x) * torch.log1p(x.abs()), x)
+        return torch.addcmul(self.flat_shift, x, self.flat_scale)
 
     def _is_passthrough(self, x: torch.Tensor) -> bool:
         if torch.compiler.is_compiling():  # traced once per shape anyway; no dict for Dynamo to guard on
@@ -501,6 +575,37 @@ class LayoutEncoder(nn.Module):
         if known is None:
             known = self._passthrough[key] = _is_passthrough(x, self.passthrough_leaf, self.passthrough_dtype)
         return known
+
+
+_PROMOTE_TO_INT64 = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)  # exact in int64
+
+
+def _input_plan(fields: list[Leaf], two_d: bool) -> tuple:
+    """How a sub-encoder's input is read from a row: ``(kind, [(start, end, dtype, shape), ...])`` with kind
+    "leaf" (one view), "text" (a TextView of chars and length) or "fields" (a tuple of the fields' views)."""
+    kind = "text" if fields[0].codec.is_string else "fields" if len(fields) > 1 else "leaf"
+    spans = [(f.offset, f.offset + f.nbytes, TORCH_DTYPES["uint8" if f.dtype == np.bool_ else f.dtype.name],
+              (-1,) if two_d else f.shape) for f in fields]
+    return kind, spans
+
+
+def _read(rows: torch.Tensor, plan: tuple) -> Any:
+    kind, spans = plan
+    views = [_view(rows, *span) for span in spans]
+    if kind == "text":
+        return TextView(*views)
+    return tuple(views) if kind == "fields" else views[0]
+
+
+def _view(rows: torch.Tensor, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """Bytes ``[start, end)`` of rows ``(B, nbytes)`` as ``(B, *shape)`` of ``dtype`` (bool leaves: their bytes)."""
+    if start == end:
+        return torch.empty((rows.shape[0], *shape) if shape != (-1,) else (rows.shape[0], 0), dtype=dtype,
+                           device=rows.device)
+    part = rows[:, start:end]
+    if dtype != torch.uint8:
+        part = part.view(dtype)
+    return part if shape == (-1,) or (len(shape) == 1 and shape[0] == part.shape[1]) else part.reshape((-1, *shape))
 
 
 def _is_passthrough(x: torch.Tensor, leaf: Leaf, dtype: torch.dtype) -> bool:

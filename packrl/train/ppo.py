@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from packrl.errors import PackrlError
+from packrl.models.distributions import ActionSpec
 from packrl.nativize import torch_dtype
 from packrl.train.advantage import compute_advantages, cut_pending_decisions
 from packrl.train.distributed import (
@@ -92,6 +93,7 @@ class PPOConfig:
     bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
     bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
     bf16: bool = False  # bfloat16 autocast for forward passes
+    cuda_graphs: bool = True  # on CUDA, each rollout step's forward + sampling replayed as a captured CUDA graph
     compile: bool = False  # torch.compile the minibatch loss (and the rollout forward off CPU); seconds to compile
     seed: int = 0
     device: str = "auto"  # "auto": cuda when present, else cpu
@@ -212,7 +214,7 @@ class PPO:
         self._put(T, "obs", obs)
         self._put(T, "mask", self.env.masks)
         self._slots["start"][T] = True
-        self.state = self.policy.initial_state(self.num_rows, self.device)
+        self._reset_state()
         self.episodes = EpisodeTracker(self.num_rows, self.episodes.agents)  # no half episode is counted
 
     # ------------------------------------------------------------------ storage
@@ -233,7 +235,6 @@ class PPO:
         }
         self.obs, self.masks, self.starts = (self._slots[k][:T] for k in ("obs", "mask", "start"))
         self.rewards, self.terminals, self.truncations = (self._slots[k] for k in ("reward", "terminal", "truncation"))
-        self.actions: Any = None  # allocated on the first step, from the decoder's action form
         self.logprobs = torch.zeros((T, N), device=dev)
         self.values = torch.zeros((T, N), device=dev)
         self.final_values = torch.zeros((T, N), device=dev)
@@ -241,7 +242,27 @@ class PPO:
         # Per-step views, made once: indexing a tensor costs about as much as the small copies themselves.
         self._step_views = [(self._slots["obs"][t], self._slots["start"][t], self.logprobs[t], self.values[t])
                             for t in range(T)]
+        # packrl's decoders: actions and the rollout's random draws preallocated in the spec's form, each step
+        # sampled straight into storage (``_policy_step``); a user decoder's actions are allocated on the first step
+        spec = getattr(self.policy.decoder, "spec", None)
+        self._spec = spec if isinstance(spec, ActionSpec) else None
+        self.actions: Any = None
         self._action_views: list = []
+        self._action_host: list = []  # per step: what env.step receives, when it is a view of storage
+        if self._spec is not None:
+            self.actions = self._spec.empty_actions((T, N), dev)
+            self._noise = self._spec.empty_noise((T, N), dev)
+            self._noise_views = [tuple(n[t] for n in self._noise) if isinstance(self._noise, tuple) else self._noise[t]
+                                 for t in range(T)]
+            self._action_views = [_index(self.actions, t) for t in range(T)]
+            if self._spec.kind in ("discrete", "multidiscrete"):
+                # the argmax writes (rows, k); a Discrete's (rows,) storage is written through its (rows, 1) view
+                self._choice_views = [a.unsqueeze(-1) if self._spec.kind == "discrete" else a for a in self._action_views]
+                host = self.actions.numpy() if dev.type == "cpu" else \
+                    torch.zeros(self.actions.shape, dtype=self.actions.dtype, pin_memory=True).numpy()
+                self._action_host = list(host)  # int64 choices: exactly what to_numpy gives, no copy on CPU
+        self._graphs: list | None = None  # CUDA graphs of _policy_step, one per step t, captured on first use
+        self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
         if dev.type == "cpu":
             # On CPU the env's arrays are written through numpy views of the storage (a numpy copy of a
             # few rows costs a fraction of a torch copy_).
@@ -291,57 +312,165 @@ class PPO:
         with self._autocast():
             return self.forward_eval(x, state, done)
 
+    def _reset_state(self) -> None:
+        """Zero the recurrent state: in place when CUDA graphs read it from fixed addresses, else anew."""
+        if self._graphs is not None:
+            for s in self.state:
+                s.zero_()
+        else:
+            self.state = self.policy.initial_state(self.num_rows, self.device)
+
+    def _policy_step(self, t: int) -> None:
+        """Step ``t``'s forward, sample, log-prob and value, written into storage. With packrl's decoder it reads
+        and writes only preallocated tensors and never syncs with the host, so it can be captured as a CUDA graph;
+        on CPU it is a few dozen ops (tests/test_ops_per_step.py counts them)."""
+        obs_t, start_t, logprob_t, value_t = self._step_views[t]
+        logits, value, state = self._rollout_forward(obs_t, self.state, start_t)
+        if self._graphs is not None:  # a captured graph keeps the state at fixed addresses
+            for held, new in zip(self.state, state):
+                held.copy_(new)
+        else:
+            self.state = state
+        value_t.copy_(value if value.ndim == 1 else value.reshape(-1))
+        dist_ = self._spec.distribution(logits if logits.dtype == torch.float32 else logits.float())
+        if self._action_host:
+            dist_.sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
+            return
+        action, logprob = dist_.sample_with_log_prob(self._noise_views[t])
+        logprob_t.copy_(logprob)
+        self._store_actions(t, action)
+
+    def _user_decoder_step(self, t: int) -> None:
+        """``_policy_step`` for a decoder of the user's own: its distribution draws its own samples."""
+        obs_t, start_t, logprob_t, value_t = self._step_views[t]
+        logits, value, self.state = self._rollout_forward(obs_t, self.state, start_t)
+        dist_ = self.policy.decoder.distribution(logits.float())
+        if hasattr(dist_, "sample_with_log_prob"):
+            action, logprob = dist_.sample_with_log_prob()
+        else:
+            action = dist_.sample()
+            logprob = dist_.log_prob(action)
+        logprob_t.copy_(logprob)
+        value_t.copy_(value.reshape(-1))
+        self._store_actions(t, action)
+
+    def _env_actions(self, t: int) -> Any:
+        """Step ``t``'s actions as ``env.step`` takes them: a view of storage on CPU, one device-to-host copy on CUDA."""
+        if not self._action_host:
+            return self.policy.decoder.to_numpy(self._action_views[t])
+        if self.device.type != "cpu":
+            host = torch.from_numpy(self._action_host[t])
+            host.copy_(self._action_views[t], non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        return self._action_host[t]
+
+    def _graphs_wanted(self) -> bool:
+        """CUDA graphs for the rollout: on CUDA, with packrl's decoder, when asked (``cuda_graphs``) and every module
+        of the policy is graph-safe (``WordEncoder`` reads string lengths on the host: not)."""
+        return (self.device.type == "cuda" and self.config.cuda_graphs and self._spec is not None
+                and all(getattr(m, "graph_safe", True) for m in self.policy.modules()))
+
+    def _capture_graphs(self) -> None:
+        """One CUDA graph per rollout step (step t reads and writes slot t of storage), sharing one memory pool:
+        they replay in the order they were captured. The warm-up runs on a side stream, as torch's CUDA-graph
+        notes require, and the state it stepped is put back."""
+        self._graphs = []  # from here on the state is kept in place (_reset_state, _policy_step)
+        self.state = tuple(s.clone() for s in self.state)
+        saved = tuple(s.clone() for s in self.state)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._policy_step(0)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graphs, pool = [], None
+        for t in range(self.config.num_steps):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._policy_step(t)
+            pool = graph.pool() if pool is None else pool
+            graphs.append(graph)
+        for held, value in zip(self.state, saved):
+            held.copy_(value)
+        self._graphs = graphs
+
     @torch.no_grad()
     def collect(self) -> dict[str, float]:
-        """Fill storage with ``num_steps`` steps of every row (the steps in inference mode: no autograd bookkeeping)."""
-        env, decoder, T = self.env, self.policy.decoder, self.config.num_steps
+        """Fill storage with ``num_steps`` steps of every row (the steps in inference mode: no autograd bookkeeping).
+        Each step: the policy (``_policy_step``: one CUDA graph replay on CUDA), the actions to the env, the env's
+        arrays into storage. Values of truncated rows' final observations are computed after the loop, in one
+        forward pass together with the value of the observation that follows the rollout."""
+        env, T = self.env, self.config.num_steps
         start_time = time.perf_counter()
         for slots in (self._slots["obs"], self._slots["mask"], self._slots["start"]):
             slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
         self.segment_states = []
+        self._truncated = []
         recurrent = self.recurrent
         with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
+            if self._spec is not None:
+                self._spec.fill_noise(self._noise)  # every step's random draws at once
+            if self._graphs is None and self._graphs_wanted():
+                self._capture_graphs()
+            step = self._policy_step if self._spec is not None else self._user_decoder_step
             for t in range(T):
-                obs_t, start_t, logprob_t, value_t = self._step_views[t]
                 if recurrent and t % self.horizon == 0:
                     self.segment_states.append(tuple(s.clone() for s in self.state))
-                logits, value, self.state = self._rollout_forward(obs_t, self.state, start_t)
-                dist_ = decoder.distribution(logits.float())
-                if hasattr(dist_, "sample_with_log_prob"):
-                    action, logprob = dist_.sample_with_log_prob()
-                else:  # a user decoder's own distribution
-                    action = dist_.sample()
-                    logprob = dist_.log_prob(action)
-                logprob_t.copy_(logprob)
-                value_t.copy_(value.reshape(-1))
-                self._store_actions(t, action)
-
-                obs, rewards, terminals, truncations, _ = env.step(decoder.to_numpy(action))
+                if self._graphs:
+                    self._graphs[t].replay()
+                else:
+                    step(t)
+                obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
                 terminals, truncations = np.asarray(terminals), np.asarray(truncations)
                 self._put(t, "reward", rewards)
                 self._put(t, "terminal", terminals)
                 self._put(t, "truncation", truncations)
-                ended = np.logical_or(terminals, truncations)
                 if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
-                    self.final_values[t] = 0.0
-                    self.final_values[t, truncated] = self._final_values(env.final_observations[truncated], truncated)
+                    self._truncated.append((t, truncated, env.final_observations[truncated],
+                                            tuple(s[torch.from_numpy(truncated).to(self.device)] for s in self.state)))
                 self._put(t + 1, "obs", obs)
                 self._put(t + 1, "mask", env.masks)
-                self._put(t + 1, "start", ended)
-        with self._autocast():
-            _, next_value, _ = self.forward_eval(self._slots["obs"][T], self.state, self._slots["start"][T])
-        self.next_value = next_value.float().reshape(-1)
+                self._put(t + 1, "start", np.logical_or(terminals, truncations))
+        self.next_value = self._bootstrap_values()
         # rows waiting for their turn after the rollout: their pending decision waits for the next rollout's data
         self.train_masks, self.train_rewards, self.bootstrap_value = cut_pending_decisions(
             self.values, self.rewards, self.terminals, self.truncations, self.masks, self.next_value,
             self._slots["mask"][T])
         self._check_env_values()
-        self.episodes.record(*(np.ascontiguousarray(x.cpu().numpy()) for x in
-                               (self.rewards, self.terminals | self.truncations, self.masks)))
-        acted = int(self.masks.sum())
+        rewards, terminals, truncations, masks = (self._host_array(k) for k in ("reward", "terminal", "truncation", "mask"))
+        self.episodes.record(rewards, terminals | truncations, masks[:T])
+        acted = int(np.count_nonzero(masks[:T]))
         acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
+
+    def _host_array(self, name: str) -> np.ndarray:
+        """Storage ``name`` as a numpy array (a view on CPU, a copy from the device otherwise)."""
+        if self._numpy is not None:
+            return self._numpy[name][: self.config.num_steps] if name != "mask" else self._numpy[name]
+        return np.ascontiguousarray(self._slots[name].cpu().numpy())
+
+    def _bootstrap_values(self) -> torch.Tensor:
+        """V(observation after the rollout) of every row, and V(final observation) of each truncation of the
+        rollout written into ``final_values``, in one forward pass. A truncated row's final value is read with the
+        state that saw its episode (the state after the step that ended it)."""
+        T, N = self.config.num_steps, self.num_rows
+        x, done, state = self._slots["obs"][T], self._slots["start"][T], self.state
+        if self._truncated:
+            finals = torch.as_tensor(np.concatenate([f for _, _, f, _ in self._truncated])).to(self.device)
+            x = torch.cat([x, finals.reshape(-1, *x.shape[1:]).to(x.dtype)])
+            done = torch.cat([done, torch.zeros(finals.shape[0], dtype=torch.bool, device=self.device)])
+            state = tuple(torch.cat([s, *(snap[i] for _, _, _, snap in self._truncated)])
+                          for i, s in enumerate(state))
+        with self._autocast():
+            _, values, _ = self.forward_eval(x, state, done)
+        values = values.float().reshape(-1)
+        self.final_values.zero_()
+        if self._truncated:
+            steps = np.concatenate([np.full(len(rows), t) for t, rows, _, _ in self._truncated])
+            rows = np.concatenate([rows for _, rows, _, _ in self._truncated])
+            self.final_values[torch.from_numpy(steps).to(self.device), torch.from_numpy(rows).to(self.device)] = values[N:]
+        return values[:N]
 
     def _check_env_values(self) -> None:
         """Refuse a rollout in which the env gave a NaN or infinite reward (any row) or observation (a row
@@ -391,15 +520,6 @@ class PPO:
         full = torch.zeros((bad.shape[0], self.num_rows), dtype=torch.bool, device=bad.device)
         full[:, rows] = bad
         return full
-
-    def _final_values(self, final_obs: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-        """V(final observation) of rows that truncated, from the state that saw their episode."""
-        x = torch.as_tensor(np.ascontiguousarray(final_obs)).to(self.device)
-        idx = torch.from_numpy(rows).to(self.device)
-        state = tuple(s[idx] for s in self.state)
-        with self._autocast():
-            _, value, _ = self.forward_eval(x, state, None)
-        return value.float().reshape(-1)
 
     # ------------------------------------------------------------------ advantages
 
