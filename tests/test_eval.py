@@ -24,7 +24,7 @@ def _rows(out):
     """{mode: (mean, episodes)} from the printed table."""
     rows = {}
     for line in out.splitlines():
-        m = re.search(r"(sampled|greedy)( \(default\))?\s*│\s*(-?[\d.]+)\s*│.*│\s*(\d+)\s*│", line)
+        m = re.search(r"(sampled|greedy)( \((?:default|--mode)\))?\s*│\s*(-?[\d.]+)\s*│.*│\s*(\d+)\s*│", line)
         if m:
             rows[m.group(1)] = (float(m.group(3)), int(m.group(4)), bool(m.group(2)))
     return rows
@@ -39,8 +39,11 @@ def test_sampled_and_greedy_side_by_side_with_the_default_named(checkpoint, caps
     assert rows["sampled"][2] and not rows["greedy"][2]
     assert "(sampled, the default; see --mode)" in out
     assert main(["eval", str(checkpoint), "--episodes", "6", "--num-envs", "3", "--seed", "1", "--mode", "greedy"]) == 0
-    again = _rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    again = _rows(out)
     assert again["greedy"][2] and not again["sampled"][2]
+    # greedy is what --mode asked for, never labelled the default
+    assert "greedy (--mode)" in out and "(default)" not in out and "(greedy, as --mode asked)" in out
     assert again["sampled"][0] == rows["sampled"][0] and again["greedy"][0] == rows["greedy"][0]  # same seed, same run
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from packrl.commands.arguments import non_negative_int, positive_int
+from packrl.commands.arguments import non_negative_int, positive_float, positive_int
 
 MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
 VIDEO_SUFFIXES = (".gif",)
@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="RISK: let the checkpoint's env id and kwargs import and call code (module:function); "
                              "only for checkpoints whose author you trust")
     parser.add_argument("--sha256", help="the manifest hash printed at save time; any other checkpoint is refused")
+    parser.add_argument("--max-policy-gib", type=positive_float, default=2.0, metavar="GIB",
+                        help="refuse a checkpoint whose policy would take more than this (default 2; a policy may "
+                             "also take at most 4x its weights file)")
     parser.add_argument("--render", metavar="OUT.gif", type=_video_path,
                         help="also write one episode of env 0 as a GIF (the env must render rgb_array)")
 
@@ -39,12 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     return eval_command(args.checkpoint, args.episodes, num_envs=args.num_envs, seed=args.seed, device=args.device,
                         mode=args.mode, env=args.env, env_kwargs=args.env_kwargs,
-                        trust_checkpoint=args.trust_checkpoint, sha256=args.sha256, render=args.render)
+                        trust_checkpoint=args.trust_checkpoint, sha256=args.sha256, render=args.render,
+                        max_policy_bytes=int(args.max_policy_gib * (1 << 30)))
 
 
 def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = None, seed: int = 10_000,
                  device: str = "cpu", mode: str = "sampled", env: str | None = None, env_kwargs: dict | None = None,
-                 trust_checkpoint: bool = False, sha256: str | None = None, render: str | None = None) -> int:
+                 trust_checkpoint: bool = False, sha256: str | None = None, render: str | None = None,
+                 max_policy_bytes: int | None = None) -> int:
     """Evaluate both modes on ``num_envs`` serial envs (Numba envs batch natively) and print them side by
     side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends)."""
     from rich.console import Console
@@ -68,8 +73,17 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     num_envs = num_envs or min(episodes, 8)
     policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,
-                                           num_envs=num_envs, seed=seed)
+                                           num_envs=num_envs, seed=seed,
+                                           **({} if max_policy_bytes is None else {"max_policy_bytes": max_policy_bytes}))
     env_id = env or metadata["config"]["env"]["id"]
+    video = None
+    if render:  # before the evaluation: an env that cannot render fails first, by name
+        try:
+            video = write_video(checkpoint, render, mode=mode, seed=seed, device=device, env=env,
+                                env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint, sha256=sha256, env_id=env_id)
+        except BaseException:
+            vecenv.close()
+            raise
     results = {}
     try:
         for name, deterministic in MODES.items():
@@ -87,11 +101,12 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
         table.add_column(column, justify="left" if column == "mode" else "right")
     table.caption = "sampled: actions drawn from the policy, as in training; greedy: its most likely action"
     for name, returns in results.items():
-        label = name + (" (default)" if name == mode else "")
+        label = name + ((" (default)" if name == "sampled" else " (--mode)") if name == mode else "")
         table.add_row(label, f"{returns.mean():.3f}", f"{returns.std():.3f}", f"{returns.min():.3f}",
                       f"{returns.max():.3f}", str(len(returns)))
     console.print(table)
-    console.print(f"mean return {results[mode].mean():.3f} ({mode}, the default; see --mode)")
+    console.print(f"mean return {results[mode].mean():.3f} ("
+                  + ("sampled, the default; see --mode" if mode == "sampled" else f"{mode}, as --mode asked") + ")")
     from packrl.train.versus import report_versus_random  # two-player zero-sum games: win/draw/loss vs random
 
     report_versus_random(console, policy, env_id, env_kwargs if env else metadata["config"]["env"].get("kwargs"),
@@ -99,28 +114,42 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     if env is not None and env != metadata["config"]["env"]["id"]:
         console.print(escape(f"note: trained on {metadata['config']['env']['id']!r}, evaluated on {env!r} "
                              "(its layouts match)"))
-    if render:
-        path = write_video(checkpoint, render, mode=mode, seed=seed, device=device, env=env, env_kwargs=env_kwargs,
-                           trust_checkpoint=trust_checkpoint, sha256=sha256)
-        console.print(f"video: {escape(str(path))}")
+    if video is not None:
+        console.print(f"video: {escape(printable(str(video)))}")
     return 0
 
 
 def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str, env: str | None,
-                env_kwargs: dict | None, trust_checkpoint: bool, sha256: str | None) -> Path:
-    """One episode of env 0 rendered as ``rgb_array`` and written with imageio."""
+                env_kwargs: dict | None, trust_checkpoint: bool, sha256: str | None, env_id: str = "the env") -> Path:
+    """One episode of env 0 rendered as ``rgb_array`` and written with imageio. An env that cannot be made
+    with ``render_mode='rgb_array'``, does not list it in its ``render_modes`` or renders no frame is one
+    ConfigError naming it (the checkpoint itself was loaded once already: its errors are not this one's)."""
     import imageio.v3 as iio
 
-    from packrl.train.evaluate import record_frames
+    from packrl.checkpoint import CheckpointError
+    from packrl.errors import EnvError
+    from packrl.train.evaluate import EvaluationError, record_frames
     from packrl.train.run import ConfigError, load_policy
 
-    policy, _, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
-                                    trust_checkpoint=trust_checkpoint, expected_sha256=sha256, num_envs=1, seed=seed,
-                                    render_mode="rgb_array")
+    cannot = f"--render: {env_id!r} cannot render rgb_array frames"
+    try:
+        policy, _, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
+                                        trust_checkpoint=trust_checkpoint, expected_sha256=sha256, num_envs=1,
+                                        seed=seed, render_mode="rgb_array")
+    except (CheckpointError, ConfigError, EnvError, TypeError, ValueError) as err:
+        raise ConfigError(f"{cannot}: it could not be made with render_mode='rgb_array' "
+                          f"({' '.join(str(err).split())[-200:]})") from None
     try:
         if not hasattr(vecenv, "envs"):
-            raise ConfigError("--render: this env is batched natively (Numba); it has no per-env render")
-        frames = record_frames(policy, vecenv, deterministic=MODES[mode], seed=seed, device=device)
+            raise ConfigError(f"{cannot}: it is batched natively (Numba) and has no per-env render")
+        inner = getattr(vecenv.envs[0], "env", vecenv.envs[0])
+        modes = (getattr(inner, "metadata", None) or {}).get("render_modes", [])
+        if "rgb_array" not in modes:
+            raise ConfigError(f"{cannot}: its metadata['render_modes'] is {list(modes)!r}")
+        try:
+            frames = record_frames(policy, vecenv, deterministic=MODES[mode], seed=seed, device=device)
+        except EvaluationError as err:
+            raise ConfigError(f"{cannot}: {err}") from None
     finally:
         vecenv.close()
     iio.imwrite(out, frames, duration=50, loop=0)

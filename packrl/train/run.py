@@ -159,9 +159,38 @@ def save(ppo: PPO, config: dict, path: str | Path, history: list[dict]) -> Path:
                            last_episode_return=returns[-1] if returns else None, resume=ppo.training_state())
 
 
+MAX_POLICY_BYTES = 2 << 30
+"""The largest policy (parameters and buffers) a checkpoint may rebuild unless the caller raises the budget
+(``packrl eval --max-policy-gib``)."""
+
+
+def check_architecture(vecenv: Any, policy_config: dict, weights: Path, max_bytes: int = MAX_POLICY_BYTES) -> None:
+    """Before a checkpoint's policy is allocated: build it on the meta device (shapes only, no memory), then
+    refuse (CheckpointError naming the file) a policy whose tensors differ from the weights file's header, or
+    that would take more than 4x the weights file or ``max_bytes``."""
+    from packrl.checkpoint import DTYPE_SIZES, CheckpointError, compare_specs, read_header, tensor_specs
+
+    tensors, _ = read_header(weights)
+    try:
+        with torch.device("meta"):
+            shapes = make_policy(vecenv, policy_config)
+    except (ConfigError, CheckpointError):
+        raise
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):  # a part that needs data: the real build checks it
+        return
+    specs = tensor_specs(shapes.state_dict())
+    compare_specs(tensors, specs, weights)
+    needed = sum(math.prod(shape) * DTYPE_SIZES[dtype] for dtype, shape in specs.values())
+    budget = min(4 * weights.stat().st_size, max_bytes)
+    if needed > budget:
+        raise CheckpointError(f"{weights}: the policy its config describes takes {needed:,} bytes, more than the "
+                              f"budget of {budget:,} (4x the weights file, at most {max_bytes:,}); refusing to build it")
+
+
 def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None, env_kwargs: dict | None = None,
                 trust_checkpoint: bool = False, expected_sha256: str | None = None, num_envs: int = 1,
-                seed: int = 0, render_mode: str | None = None) -> tuple[torch.nn.Module, dict, Any]:
+                seed: int = 0, render_mode: str | None = None,
+                max_policy_bytes: int = MAX_POLICY_BYTES) -> tuple[torch.nn.Module, dict, Any]:
     """Rebuild a checkpoint's policy on an env and load its weights: ``(policy, metadata, vecenv)``.
 
     A checkpoint is data: nothing it records chooses code to import or call. The env is ``env`` (an id the
@@ -169,10 +198,19 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
     code), else the recorded id resolved as data (a packrl env, a registered gymnasium id, a ``pettingzoo.*``
     module path; ``module:function`` refused). ``trust_checkpoint=True`` lets the recorded id and kwargs run as
     they would in training: only for checkpoints whose author you trust. The recorded layouts must equal the
-    env's; the architecture is bounded and every tensor's shape checked before a weight is allocated.
+    env's; the architecture is bounded and every tensor's shape checked before a weight is allocated
+    (``check_architecture``: built on the meta device, within ``max_policy_bytes`` and 4x the weights file).
     ``render_mode`` is added to the env's kwargs. Every refusal is a CheckpointError naming the file and the field."""
     from packrl import vector
-    from packrl.checkpoint import METADATA, CheckpointError, checkpoint_folder, compare_layout, tensor_specs, verify
+    from packrl.checkpoint import (
+        METADATA,
+        WEIGHTS,
+        CheckpointError,
+        checkpoint_folder,
+        compare_layout,
+        tensor_specs,
+        verify,
+    )
     from packrl.train.checkpoint_env import checked_config, is_data_env_id
 
     metadata = verify(path, expected_sha256)
@@ -208,6 +246,7 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
         emulated = vecenv.emulated
         compare_layout(metadata["layouts"].get("observation"), emulated.observation.to_dict(), "observation", file)
         compare_layout(metadata["layouts"].get("action"), emulated.action.layout.to_dict(), "action", file)
+        check_architecture(vecenv, config["policy"], checkpoint_folder(path) / WEIGHTS, max_policy_bytes)
         policy = make_policy(vecenv, config["policy"])
         state, metadata, _ = load_checkpoint(path, device, expected_sha256=expected_sha256,
                                              expected=tensor_specs(policy.state_dict()))

@@ -40,14 +40,18 @@ from packrl.run_folders import (
     RunError,
     check_name,
     create_run_folder,
-    find_checkpoint,
+    find_checkpoint,  # noqa: F401 - re-exported (tests and callers import it from here)
     inside,
     mark,
+    newest_checkpoint,
     open_append,
+    printable,
     remove_run_folder,
     write_file,
 )
 
+RUN_WRITES = ("history.jsonl", "learning_curve.png", "checkpoint", "checkpoints", "tensorboard")
+"""What a run writes into its folder (each through ``run_folders.write_file`` or the checkpoint writer)."""
 EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
 SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
 
@@ -264,15 +268,24 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     """Train one run as the options say. Errors in the settings, the folder or the checkpoint to resume
     raise (``PackrlError``: the caller prints them, exit 2); what happens once training started is
     told by the exit code of the result."""
-    from packrl.checkpoint import load_checkpoint
+    from packrl.checkpoint import WEIGHTS, checkpoint_folder, load_checkpoint
     from packrl.train.dashboard import Dashboard
     from packrl.train.ppo import PPO, NonFiniteError, seed_everything
-    from packrl.train.run import env_creator, make_policy, make_vecenv, plot_learning_curve, ppo_config
+    from packrl.train.run import (
+        check_architecture,
+        env_creator,
+        make_policy,
+        make_vecenv,
+        plot_learning_curve,
+        ppo_config,
+    )
 
     console = console or Console()
     resume_state = None
     if options.resume is not None:
-        checkpoint_path, resume_folder = find_checkpoint(options.resume)
+        checkpoint_path, resume_folder, skipped = newest_checkpoint(options.resume)
+        for line in skipped:
+            console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
         policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
         if not isinstance(metadata.get("resume"), dict):
             raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
@@ -288,6 +301,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
             folder = new_run_folder(options, config["env"]["id"])
     else:
         folder = new_run_folder(options, config["env"]["id"])
+    for name in RUN_WRITES:  # a symlink planted where the run writes is refused before anything runs
+        inside(folder, name)
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
     cfg = ppo_config(config)
 
@@ -297,6 +312,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     history = None
     code, error = EXIT_OK, None
     try:
+        if resume_state is not None:  # shapes and memory checked against the weights before anything is allocated
+            check_architecture(vecenv, config["policy"], checkpoint_folder(checkpoint_path) / WEIGHTS)
         policy = make_policy(vecenv, config["policy"])
         ppo = PPO(vecenv, policy, cfg)
         if resume_state is not None:
@@ -375,8 +392,12 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
             console.print(f"[yellow]stopped by {why} (interrupted) at {ppo.global_step:,} steps; checkpoint saved; "
                           f"continue with: packrl train --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
         else:
+            saved = _newest_saved(folder)  # this session's, or the one a resumed run started from
+            resume = f"; the last checkpoint is {saved[0]} (step {saved[1]:,}); continue with: packrl train " \
+                     f"--resume {folder}" if saved is not None else ""
             console.print(f"[yellow]stopped at once by a second Ctrl-C (interrupted) at {ppo.global_step:,} steps; "
-                          f"nothing saved from this session's last iteration[/yellow]", highlight=False, soft_wrap=True)
+                          f"nothing saved from this session's last iteration{resume}[/yellow]", highlight=False,
+                          soft_wrap=True)
     if last is not None:
         console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False, soft_wrap=True)
     console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
