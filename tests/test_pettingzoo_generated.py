@@ -246,7 +246,9 @@ class RogueEnv(ScriptedParallelEnv):
         return {"a": 0, "b": 1}, {}
 
     def step(self, actions):
-        obs, rewards, terminations, truncations = {"a": 1, "b": 2}, {"a": 0, "b": 0}, {"a": False, "b": False}, {}
+        obs, rewards, terminations, truncations = {"a": 1, "b": 2}, {"a": 0, "b": 0}, {"a": False, "b": False}, \
+            {"a": False, "b": False}
+        infos = {"a": {}, "b": {}}
         if self.mode == "stranger":
             obs["c"] = 0
         elif self.mode == "vanish":
@@ -256,7 +258,7 @@ class RogueEnv(ScriptedParallelEnv):
             terminations["b"] = True
         elif self.mode == "bad_obs":
             obs["b"] = 7
-        return obs, rewards, terminations, truncations, {}
+        return obs, rewards, terminations, truncations, infos
 
 
 @pytest.mark.parametrize("mode, message", [

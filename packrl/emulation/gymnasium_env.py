@@ -9,7 +9,15 @@ import numpy as np
 from packrl.emulation.actions import fast_decode
 from packrl.emulation.emulated import group_agents
 from packrl.emulation.rows import EmulatedRows
-from packrl.emulation.step_checks import F32_MAX, MULTI_AGENT_HINT, checked_flag, checked_reward
+from packrl.emulation.step_checks import (
+    F32_MAX,
+    MULTI_AGENT_HINT,
+    checked_flag,
+    checked_info,
+    checked_reset,
+    checked_reward,
+    checked_step,
+)
 from packrl.env_protocol import BlockPosition
 from packrl.errors import EmulationError, ObservationError
 
@@ -49,7 +57,10 @@ class GymnasiumEmulation(EmulatedRows):
         return bool(self.terminals[0] or self.truncations[0])
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        obs, info = self.env.reset(seed=seed, options=options)
+        result = self.env.reset(seed=seed, options=options)
+        if type(result) is not tuple or len(result) != 2 or type(result[1]) is not dict:
+            result = checked_reset(result, self.env)
+        obs, info = result
         try:
             self._packer.pack(obs)
         except EmulationError as err:
@@ -63,7 +74,12 @@ class GymnasiumEmulation(EmulatedRows):
         if native is None:
             native = self.emulated.action.checked_decode(_single(actions, self.emulated.action.kind),
                                                          who=f" (agent {AGENT})")
-        obs, reward, terminated, truncated, info = self.env.step(native)
+        result = self.env.step(native)
+        if type(result) is not tuple or len(result) != 5:
+            result = checked_step(result, self.env)
+        obs, reward, terminated, truncated, info = result
+        if type(info) is not dict:
+            info = checked_info(info, self.env)
         # the common case inline, in the cheapest tests there are (the bounds are F32_MAX, as literals: no
         # global lookups); anything else is checked, and converted or refused, by step_checks
         if (type(reward) is not float and type(reward) is not int and type(reward) is not _F64) \
@@ -105,6 +121,8 @@ class GymnasiumEmulation(EmulatedRows):
         except BaseException:  # KeyboardInterrupt too: the caller names the env it stopped
             position.index = len(results)
             raise
+        if not all([type(r) is tuple and len(r) == 5 and type(r[4]) is dict for r in results]):
+            _check_block_results(envs, results, position)
         observations, rewards, terminals, truncations, infos = zip(*results)
         rewards, terminals, truncations = _checked_block(envs, rewards, terminals, truncations, position)
         rows["rewards"][:] = rewards
@@ -117,6 +135,16 @@ class GymnasiumEmulation(EmulatedRows):
             rows["final_observations"][ended] = rows["observations"][ended]
         return list(infos), ended
 
+
+
+def _check_block_results(envs: list, results: list, position: BlockPosition) -> None:
+    """Refuse the first step result of a block that is not 5 values with a dict info (naming its env)."""
+    for k, (env, result) in enumerate(zip(envs, results)):
+        try:
+            checked_info(checked_step(result, env.env)[4], env.env)
+        except EmulationError:
+            position.index = k
+            raise
 
 
 def _checked_block(envs: list, rewards: tuple, terminals: tuple, truncations: tuple, position: BlockPosition) -> tuple:

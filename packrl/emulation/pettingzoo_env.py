@@ -37,7 +37,17 @@ from gymnasium import spaces
 
 from packrl.emulation.emulated import Emulated, group_agents
 from packrl.emulation.rows import EmulatedRows
-from packrl.emulation.step_checks import F32_MAX, checked_flag, checked_reward
+from packrl.emulation.step_checks import (
+    F32_MAX,
+    checked_flag,
+    checked_info,
+    checked_parallel_step,
+    checked_reset,
+    checked_reward,
+    checked_step,
+    env_name,
+)
+from packrl.emulation.values import short
 from packrl.errors import EmulationError, ObservationError
 
 
@@ -140,7 +150,10 @@ class ParallelEmulation(_AgentRows):
     def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
                  finite_rewards: bool = True):
         super().__init__(env, round_floats, action_mask_key, finite_rewards)
+        from packrl.emulation.tuple_agents import TupleAgents
+
         self._alive: list[int] = []  # rows of the agents that act next step
+        self._shared_info = isinstance(env, TupleAgents)  # its infos is the gymnasium env's one info
         self._ended = [True] * self.num_agents  # per row: the agent ended (or has not appeared yet)
         self._done = True
 
@@ -150,7 +163,10 @@ class ParallelEmulation(_AgentRows):
         return self._done
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        obs, infos = self.env.reset(seed=seed, options=options)
+        obs, infos = checked_reset(self.env.reset(seed=seed, options=options), self.env, parallel=True)
+        if not isinstance(obs, dict):
+            raise EmulationError(f"{env_name(self.env)}: reset() returned observations={short(obs, 80)} "
+                                 f"({type(obs).__name__}); a Parallel env returns a dict keyed by agent")
         self._clear()
         self._ended = [True] * self.num_agents
         for agent, value in obs.items():
@@ -166,7 +182,9 @@ class ParallelEmulation(_AgentRows):
         if self._done:
             raise EmulationError("the episode is over (no agent alive): call reset() before step()")
         native = self._row_actions(actions, self._alive)
-        obs, rewards, terminations, truncations, infos = self.env.step(native)
+        live = [self.possible_agents[row] for row in self._alive]
+        obs, rewards, terminations, truncations, infos = checked_parallel_step(
+            self.env.step(native), self.env, live, shared_info=self._shared_info)
         self._record(obs, rewards, terminations, truncations)
         return self.observations, self.rewards, self.terminals, self.truncations, infos
 
@@ -289,7 +307,12 @@ class AECEmulation(_AgentRows):
         while agents.agents:
             agent = selection.agent_selection
             row = self.row_of_reported(agent)
-            obs, reward, terminated, truncated, info = env.last()
+            last = env.last()
+            if type(last) is not tuple or len(last) != 5:
+                last = checked_step(last, env, parallel=False)
+            obs, reward, terminated, truncated, info = last
+            if not isinstance(info, dict):
+                checked_info(info, env, "last()", who=f" (agent {agent!r})")
             terminated, truncated = self._flags(agent, terminated, truncated)
             self.rewards[row] += self._reward(agent, reward)
             infos[agent] = info

@@ -81,3 +81,73 @@ def checked_reward(value: Any, env: Any, finite: bool = True, who: str = "", hin
         with np.errstate(over="ignore"):  # what float32 holds, without NumPy's overflow warning at the store
             number = float(np.float32(number))
     return number
+
+
+# ---------------------------------------------------------------- the shapes of reset and step
+
+
+OLD_GYM = ("this is the pre-0.26 gym API; wrap the env with gymnasium's compatibility wrapper "
+           "(pip install shimmy; shimmy.GymV21CompatibilityV0(env=env), or "
+           "gymnasium.make('GymV21Environment-v0', env_id=...))")
+
+
+def _returned(result: Any) -> str:
+    if isinstance(result, tuple):
+        return f"a tuple of {len(result)} values ({', '.join(type(v).__name__ for v in result[:6])})"
+    return f"{short(result, 80)} ({type(result).__name__})"
+
+
+def checked_reset(result: Any, env: Any, parallel: bool = False) -> tuple[Any, dict]:
+    """``(observation, info)`` of what ``env.reset()`` returned, or EmulationError naming the env, the method
+    and what it returned (an observation alone is the pre-0.26 gym API; a 2-key Dict observation is never
+    taken apart as if it were the pair)."""
+    if type(result) is not tuple or len(result) != 2:
+        old = "; an observation alone is what the pre-0.26 gym API returned: " + OLD_GYM \
+            if not isinstance(result, tuple) and not parallel else ""
+        raise EmulationError(f"{env_name(env)}: reset() returned {_returned(result)}; the API returns a tuple "
+                             f"(observation{'s' if parallel else ''}, info{'s' if parallel else ''}){old}")
+    obs, info = result
+    if type(info) is not dict and not isinstance(info, dict):
+        raise EmulationError(f"{env_name(env)}: reset() returned info={_value(info)}; it must be a dict")
+    return obs, info
+
+
+def checked_step(result: Any, env: Any, parallel: bool = False) -> tuple:
+    """The five values of what ``env.step()`` returned, or EmulationError (4 values: the pre-0.26 gym API)."""
+    if type(result) is not tuple or len(result) != 5:
+        n = len(result) if isinstance(result, tuple) else None
+        old = f": {OLD_GYM}" if n == 4 else ""
+        raise EmulationError(f"{env_name(env)}: step() returned {_returned(result)}; the API returns 5 values "
+                             f"(observation{'s' if parallel else ''}, reward{'s' if parallel else ''}, "
+                             f"terminated, truncated, info{'s' if parallel else ''})" + old)
+    return result
+
+
+def checked_info(info: Any, env: Any, method: str = "step()", who: str = "") -> dict:
+    """``info`` when it is a dict, else EmulationError naming the env and the method."""
+    if isinstance(info, dict):
+        return info
+    raise EmulationError(f"{env_name(env)}{who}: {method} returned info={_value(info)}; it must be a dict")
+
+
+def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool = False) -> tuple:
+    """A PettingZoo Parallel step's five dicts, rewards, terminations, truncations and infos each holding a
+    key for every agent in ``live`` (the agents that acted), each info a dict; else EmulationError naming the
+    env, the dict and the agent. ``shared_info``: infos is one info for all agents (packrl's Tuple-agents
+    adapter hands over its gymnasium env's info as it is)."""
+    obs, rewards, terminations, truncations, infos = checked_step(result, env, parallel=True)
+    for name, value in (("observations", obs), ("rewards", rewards), ("terminations", terminations),
+                        ("truncations", truncations), ("infos", infos)):
+        if not isinstance(value, dict):
+            raise EmulationError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
+                                 "keyed by agent")
+        if name != "observations" and not (shared_info and name == "infos"):
+            missing = [agent for agent in live if agent not in value]
+            if missing:
+                raise EmulationError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
+                                     f"was alive and acted; every live agent needs a key in {name}"
+                                     + (f" (+{len(missing) - 1} more missing)" if len(missing) > 1 else ""))
+    for agent, info in () if shared_info else infos.items():
+        if not isinstance(info, dict):
+            checked_info(info, env, "step()", who=f" (agent {agent!r})")
+    return obs, rewards, terminations, truncations, infos

@@ -1,0 +1,114 @@
+"""What an env's reset and step return, checked for shape before anything is stored: the pre-0.26 gym API
+(an observation alone from reset, four values from step) and an info that is not a dict are refused naming
+the env, the method and what it returned; a Parallel env's rewards, terminations, truncations and infos need
+a key for each live agent."""
+import gymnasium as gym
+import numpy as np
+import pytest
+from pettingzoo import ParallelEnv
+
+from packrl import vector
+from packrl.emulation import emulate
+from packrl.errors import EmulationError, EnvError
+
+
+class OldApi(gym.Env):
+    """``mode``: how reset or step breaks the gymnasium API."""
+
+    def __init__(self, mode: str, dict_obs: bool = False):
+        self.mode = mode
+        self.observation_space = gym.spaces.Dict({"a": gym.spaces.Discrete(3), "b": gym.spaces.Discrete(3)}) \
+            if dict_obs else gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        return {"a": 1, "b": 2} if isinstance(self.observation_space, gym.spaces.Dict) else np.zeros(2, np.float32)
+
+    def reset(self, seed=None, options=None):
+        if self.mode == "reset_obs_only":
+            return self._obs()
+        if self.mode == "reset_info_list":
+            return self._obs(), [1, 2]
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.mode == "step4":
+            return self._obs(), 1.0, False, {}
+        if self.mode == "step6":
+            return self._obs(), 1.0, False, False, {}, None
+        if self.mode == "info_list":
+            return self._obs(), 1.0, False, False, [1, 2]
+        return self._obs(), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("mode, dict_obs, method, message", [
+    ("reset_obs_only", False, "reset", r"reset\(\) returned .*ndarray.*pre-0\.26 gym API.*shimmy"),
+    ("reset_obs_only", True, "reset", r"reset\(\) returned \{'a': 1, 'b': 2\} \(dict\).*pre-0\.26 gym API"),
+    ("reset_info_list", False, "reset", r"reset\(\) returned info=\[1, 2\] \(list\); it must be a dict"),
+    ("step4", False, "step", r"step\(\) returned a tuple of 4 values .*: this is the pre-0\.26 gym API.*shimmy"),
+    ("step6", False, "step", r"step\(\) returned a tuple of 6 values"),
+    ("info_list", False, "step", r"step\(\) returned info=\[1, 2\] \(list\); it must be a dict"),
+])
+def test_wrong_shapes_are_named(mode, dict_obs, method, message):
+    env = emulate(OldApi(mode, dict_obs))
+    with pytest.raises(EmulationError, match=r"env test_env_api_shapes\.OldApi: " + message):
+        env.reset(seed=0)
+        env.step(np.zeros(1, np.int64))
+    # the same through a vector env (its block step for steps), named by env index
+    venv = vector.make(lambda: OldApi(mode, dict_obs), 2, backend="serial")
+    try:
+        with pytest.raises(EnvError, match=message) as caught:
+            venv.reset(seed=0)
+            venv.step(np.zeros(2, np.int64))
+        assert caught.value.env_index == 0 and caught.value.env_exception == "packrl.errors.EmulationError"
+    finally:
+        venv.close()
+
+
+class Parallel(ParallelEnv):
+    metadata = {"name": "parallel_shapes"}
+
+    def __init__(self, drop: str | None = None, info_value=None):
+        self.possible_agents = ["a", "b"]
+        self.drop, self.info_value = drop, info_value
+
+    def observation_space(self, agent):
+        return gym.spaces.Discrete(3)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return {a: 0 for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        out = {"rewards": {a: 1.0 for a in self.agents}, "terminations": {a: False for a in self.agents},
+               "truncations": {a: False for a in self.agents}, "infos": {a: {} for a in self.agents}}
+        if self.drop is not None:
+            del out[self.drop]["b"]
+        if self.info_value is not None:
+            out["infos"]["b"] = self.info_value
+        return {a: 1 for a in self.agents}, out["rewards"], out["terminations"], out["truncations"], out["infos"]
+
+
+@pytest.mark.parametrize("drop", ["rewards", "terminations", "truncations", "infos"])
+def test_a_parallel_env_needs_a_key_for_each_live_agent(drop):
+    env = emulate(Parallel(drop))
+    env.reset(seed=0)
+    with pytest.raises(EmulationError, match=f"step\\(\\) returned {drop} without agent 'b', which was alive"):
+        env.step(np.zeros(2, np.int64))
+
+
+def test_a_parallel_env_info_must_be_a_dict():
+    env = emulate(Parallel(info_value=[1, 2]))
+    env.reset(seed=0)
+    with pytest.raises(EmulationError, match=r"\(agent 'b'\): step\(\) returned info=\[1, 2\] \(list\)"):
+        env.step(np.zeros(2, np.int64))
+
+
+def test_a_complete_parallel_step_is_stored():
+    env = emulate(Parallel())
+    env.reset(seed=0)
+    _, rewards, terminals, truncations, _ = env.step(np.zeros(2, np.int64))
+    assert rewards.tolist() == [1.0, 1.0] and not terminals.any() and not truncations.any()
