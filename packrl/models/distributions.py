@@ -121,7 +121,8 @@ def _pad_index_tensor(nvec: tuple[int, ...], device: torch.device) -> torch.Tens
     key = (nvec, device)
     index = _PAD_INDEX.get(key)
     if index is None:
-        index = _PAD_INDEX[key] = torch.as_tensor(_pad_index(nvec), device=device)
+        with torch.inference_mode(False):  # made in a rollout, used by training's backward too: a normal tensor
+            index = _PAD_INDEX[key] = torch.as_tensor(_pad_index(nvec), device=device)
     return index
 
 
