@@ -9,7 +9,10 @@ because an earlier one failed says which). The checks:
   the value; an observation the emulator refused to pack is reported here too, not as an action failure;
 - the policy reads the packed uint8 rows (a float cast before nativize fails here);
 - logits as wide as the env's action layout asks, values one per row, both finite;
-- sampled actions accepted by the env, with finite log-probabilities; rewards finite; episode flags bool;
+- reset and step return the API's values ((observation, info), 5 values, dict infos; the pre-0.26 gym API
+  is named);
+- sampled actions accepted by the env, with finite log-probabilities; rewards finite (a reward the emulator
+  refused, NaN included, is reported here, not as an action failure); episode flags bool;
 - a recurrent state reset where an episode starts (``done``), in ``forward_eval`` and ``forward``;
 - padded (masked) rows kept out of the loss: changing them leaves the loss of the acting rows unchanged;
 - every parameter influences the loss (a gradient that is exactly zero, or none at all because the
@@ -36,6 +39,7 @@ CHECKS = (
     "policy reads the packed rows",
     "policy output shapes",
     "policy outputs finite",
+    "reset and step return the API's values",
     "sampled actions accepted by the env",
     "action log-probabilities finite",
     "rewards finite",
@@ -144,6 +148,7 @@ def check_env(vecenv: Any, policy: torch.nn.Module, steps: int = 64, device: str
             return report.finish(problems, _env_failure(report, err, f"step {step}"), step)
         _check_step(np.asarray(rewards), np.asarray(terminals), np.asarray(truncations), step, problems)
         done = torch.from_numpy(np.asarray(terminals) | np.asarray(truncations)).to(device)
+    report.add("reset and step return the API's values", "ok", "(observation, info) and 5 values, infos dicts")
     report.add("sampled actions accepted by the env", "ok", f"{steps} steps x {n} rows")
     report.finish(problems, seen=steps)
     with torch.random.fork_rng(devices=[]):  # the checks sample with their own seed; the caller's RNG is untouched
@@ -162,12 +167,25 @@ def _env_failure(report: Report, err: Exception, when: str) -> str:
     last = _last_line(text)
     index = getattr(err, "env_index", None)  # EnvError's field: the env that failed
     where = f"{when}, env {index}" if index is not None else when
-    if getattr(err, "env_exception", None) == "packrl.errors.ObservationError":  # EnvError's field
+    kind = getattr(err, "env_exception", None) or f"{type(err).__module__}.{type(err).__qualname__}"
+    if kind == "packrl.errors.ObservationError":  # EnvError's field
         report.add("observation leaves inside their spaces", "fail",
                    f"{where}: the emulator refused the env's observation: {last}")
         return f"not run: the env's observation at {when} is outside its space"
+    heading = ENV_REFUSALS.get(kind)
+    if heading is not None:  # the emulator refused what the env returned: filed under what it concerns
+        report.add(heading, "fail", f"{where}: {last}")
+        return f"not run: the emulator refused what the env returned at {when} ({heading})"
     report.add("sampled actions accepted by the env", "fail", f"{where}: {type(err).__name__}: {last}")
     return f"not run: the env failed at {when}"
+
+
+ENV_REFUSALS = {
+    "packrl.emulation.step_checks.RewardError": "rewards finite",
+    "packrl.emulation.step_checks.FlagError": "episode flags",
+    "packrl.emulation.step_checks.ReturnShapeError": "reset and step return the API's values",
+}
+"""The class of the emulator's refusal (EnvError.env_exception) -> the check it fails."""
 
 
 def _last_line(text: str) -> str:

@@ -60,7 +60,7 @@ def test_wrong_shapes_are_named(mode, dict_obs, method, message):
         with pytest.raises(EnvError, match=message) as caught:
             venv.reset(seed=0)
             venv.step(np.zeros(2, np.int64))
-        assert caught.value.env_index == 0 and caught.value.env_exception == "packrl.errors.EmulationError"
+        assert caught.value.env_index == 0 and caught.value.env_exception == "packrl.emulation.step_checks.ReturnShapeError"
     finally:
         venv.close()
 
@@ -112,3 +112,37 @@ def test_a_complete_parallel_step_is_stored():
     env.reset(seed=0)
     _, rewards, terminals, truncations, _ = env.step(np.zeros(2, np.int64))
     assert rewards.tolist() == [1.0, 1.0] and not terminals.any() and not truncations.any()
+
+
+# ---------------------------------------------------------------- packrl check files each under its heading
+
+
+class NanReward(OldApi):
+    def step(self, action):
+        return self._obs(), float("nan"), False, False, {}
+
+
+class BadFlag(OldApi):
+    def step(self, action):
+        return self._obs(), 0.0, [False], False, {}
+
+
+@pytest.mark.parametrize("make, heading, text", [
+    (lambda: NanReward("ok"), "rewards finite", "step returned reward=nan"),
+    (lambda: BadFlag("ok"), "episode flags", "step returned terminated=[False]"),
+    (lambda: OldApi("step4"), "reset and step return the API's values", "pre-0.26 gym API"),
+    (lambda: OldApi("reset_obs_only"), "reset and step return the API's values", "pre-0.26 gym API"),
+])
+def test_check_files_a_refused_env_value_under_its_heading(make, heading, text):
+    from packrl.check import check_env
+    from packrl.models import Policy
+
+    venv = vector.make(make, 2, backend="serial")
+    try:
+        report = check_env(venv, Policy.from_env(venv, hidden=8), steps=4)
+    finally:
+        venv.close()
+    failed = [(c, d) for c, s, d in report.rows if s == "fail"]
+    assert [c for c, _ in failed] == [heading], report.rows
+    assert text in failed[0][1] and "env 0" in failed[0][1]
+    assert report.results["sampled actions accepted by the env"][0] == "skip"

@@ -14,7 +14,8 @@ cost nothing on the usual step.
   float32 value must be finite unless the env is declared to return non-finite rewards
   (``emulate(env, finite_rewards=False)``): 1e300 would become inf in the float32 rewards.
 
-Refusals raise ``EmulationError`` naming the field, the value, the env (and the agent); a vector
+Refusals raise ``EmulationError`` (``RewardError``, ``FlagError``, ``ReturnShapeError``: ``packrl check``
+files each under its own heading) naming the field, the value, the env (and the agent); a vector
 backend reports them as ``EnvError`` with the env index, like any error an env raises.
 """
 from __future__ import annotations
@@ -25,6 +26,20 @@ import numpy as np
 
 from packrl.emulation.values import short
 from packrl.errors import EmulationError
+
+
+class RewardError(EmulationError):
+    """A step's reward is not a real number, or not finite in float32."""
+
+
+class FlagError(EmulationError):
+    """A step's ``terminated`` or ``truncated`` is not a bool."""
+
+
+class ReturnShapeError(EmulationError):
+    """``reset()`` or ``step()`` returned values of the wrong number or kind (the pre-0.26 gym API, an info
+    that is not a dict, a Parallel env's dict without a live agent)."""
+
 
 F32_MAX = float(np.finfo(np.float32).max)
 """A Python float reward ``r`` with ``-F32_MAX <= r <= F32_MAX`` is finite in float32 (the fast path)."""
@@ -53,7 +68,7 @@ def checked_flag(value: Any, field: str, env: Any, who: str = "", hint: str = ""
     if isinstance(value, np.bool_) or (isinstance(value, np.ndarray) and value.shape == () and value.dtype == bool):
         return bool(value)
     also = f"; {hint}" if hint and isinstance(value, (list, tuple, dict, np.ndarray)) else ""
-    raise EmulationError(f"{env_name(env)}{who}: step returned {field}={_value(value)}; it must be a bool "
+    raise FlagError(f"{env_name(env)}{who}: step returned {field}={_value(value)}; it must be a bool "
                          f"(Python or NumPy){also}")
 
 
@@ -64,7 +79,7 @@ def checked_reward(value: Any, env: Any, finite: bool = True, who: str = "", hin
         value = value[()]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         also = f"; {hint}" if hint and isinstance(value, (list, tuple, dict, np.ndarray)) else ""
-        raise EmulationError(f"{env_name(env)}{who}: step returned reward={_value(value)}; it must be a real number "
+        raise RewardError(f"{env_name(env)}{who}: step returned reward={_value(value)}; it must be a real number "
                              f"(int, float or a NumPy integer or floating scalar){also}")
     try:
         number = float(value)
@@ -74,7 +89,7 @@ def checked_reward(value: Any, env: Any, finite: bool = True, who: str = "", hin
         with np.errstate(over="ignore"):
             narrow = np.float32(number)
         if not np.isfinite(narrow):
-            raise EmulationError(f"{env_name(env)}{who}: step returned reward={_value(value)}, which is not finite "
+            raise RewardError(f"{env_name(env)}{who}: step returned reward={_value(value)}, which is not finite "
                                  "in float32; if the env returns non-finite rewards on purpose, emulate it with "
                                  "emulate(env, finite_rewards=False)")
     elif not -F32_MAX <= number <= F32_MAX and number == number:
@@ -104,11 +119,11 @@ def checked_reset(result: Any, env: Any, parallel: bool = False) -> tuple[Any, d
     if type(result) is not tuple or len(result) != 2:
         old = "; an observation alone is what the pre-0.26 gym API returned: " + OLD_GYM \
             if not isinstance(result, tuple) and not parallel else ""
-        raise EmulationError(f"{env_name(env)}: reset() returned {_returned(result)}; the API returns a tuple "
+        raise ReturnShapeError(f"{env_name(env)}: reset() returned {_returned(result)}; the API returns a tuple "
                              f"(observation{'s' if parallel else ''}, info{'s' if parallel else ''}){old}")
     obs, info = result
     if type(info) is not dict and not isinstance(info, dict):
-        raise EmulationError(f"{env_name(env)}: reset() returned info={_value(info)}; it must be a dict")
+        raise ReturnShapeError(f"{env_name(env)}: reset() returned info={_value(info)}; it must be a dict")
     return obs, info
 
 
@@ -117,7 +132,7 @@ def checked_step(result: Any, env: Any, parallel: bool = False) -> tuple:
     if type(result) is not tuple or len(result) != 5:
         n = len(result) if isinstance(result, tuple) else None
         old = f": {OLD_GYM}" if n == 4 else ""
-        raise EmulationError(f"{env_name(env)}: step() returned {_returned(result)}; the API returns 5 values "
+        raise ReturnShapeError(f"{env_name(env)}: step() returned {_returned(result)}; the API returns 5 values "
                              f"(observation{'s' if parallel else ''}, reward{'s' if parallel else ''}, "
                              f"terminated, truncated, info{'s' if parallel else ''})" + old)
     return result
@@ -127,7 +142,7 @@ def checked_info(info: Any, env: Any, method: str = "step()", who: str = "") -> 
     """``info`` when it is a dict, else EmulationError naming the env and the method."""
     if isinstance(info, dict):
         return info
-    raise EmulationError(f"{env_name(env)}{who}: {method} returned info={_value(info)}; it must be a dict")
+    raise ReturnShapeError(f"{env_name(env)}{who}: {method} returned info={_value(info)}; it must be a dict")
 
 
 def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool = False) -> tuple:
@@ -139,12 +154,12 @@ def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool =
     for name, value in (("observations", obs), ("rewards", rewards), ("terminations", terminations),
                         ("truncations", truncations), ("infos", infos)):
         if not isinstance(value, dict):
-            raise EmulationError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
+            raise ReturnShapeError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
                                  "keyed by agent")
         if name != "observations" and not (shared_info and name == "infos"):
             missing = [agent for agent in live if agent not in value]
             if missing:
-                raise EmulationError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
+                raise ReturnShapeError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
                                      f"was alive and acted; every live agent needs a key in {name}"
                                      + (f" (+{len(missing) - 1} more missing)" if len(missing) > 1 else ""))
     for agent, info in () if shared_info else infos.items():
