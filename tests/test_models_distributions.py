@@ -170,3 +170,60 @@ def test_wrong_logits_width_is_refused():
 
     with pytest.raises(EmulationError, match="width 5"):
         ActionSpec(ActionLayout(spaces.Discrete(5))).distribution(torch.zeros(2, 4))
+
+
+@given(nvec=nvecs, scalar=st.booleans(), seed=st.integers(0, 2**16))
+def test_sampling_into_storage_with_drawn_noise_matches_the_distribution(nvec, scalar, seed):
+    """The rollout's form: Gumbel noise drawn for every step at once (``ActionSpec.fill_noise``), then each step
+    written into storage (``sample_into``). The action is argmax(log p + noise) per branch, never a masked choice,
+    and the stored log-prob is the distribution's log_prob of it."""
+    if scalar:
+        nvec = nvec[:1]
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    spec = ActionSpec(ActionLayout(spaces.Discrete(nvec[0]) if scalar else spaces.MultiDiscrete(nvec)))
+    logits = torch.randn(6, sum(nvec), generator=gen) * 3
+    mask = torch.rand(6, sum(nvec), generator=gen) > 0.3
+    dist = spec.distribution(apply_mask(logits, mask))
+    noise = spec.empty_noise((3, 6), torch.device("cpu"))
+    actions = spec.empty_actions((3, 6), torch.device("cpu"))
+    log_probs = torch.zeros(3, 6)
+    spec.fill_noise(noise)
+    assert torch.isfinite(noise).all() and noise.std() > 0.5
+    for t in range(3):
+        out = actions[t].unsqueeze(-1) if scalar else actions[t]
+        dist.sample_into(noise[t], out, log_probs[t])
+        want = (dist.log_probs + noise[t]).argmax(-1)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(log_probs[t], dist.log_prob(actions[t]))
+        chosen = torch.stack([mask[:, sum(nvec[:i]):][:, :n].gather(-1, out[:, i:i + 1]).squeeze(-1)
+                              for i, n in enumerate(nvec)], -1)
+        allowed = torch.stack([mask[:, sum(nvec[:i]):][:, :n].any(-1) for i, n in enumerate(nvec)], -1)
+        assert torch.all(chosen | ~allowed), "a masked choice was drawn where the branch had an allowed one"
+
+
+@pytest.mark.parametrize("nvec", [(6,), (2, 5, 3)])
+def test_frequencies_of_the_rollout_sampler_match_the_probabilities(nvec):
+    torch.manual_seed(0)
+    spec = ActionSpec(ActionLayout(spaces.MultiDiscrete(nvec)))
+    dist = spec.distribution(torch.randn(1, sum(nvec)).expand(20_000, -1))
+    noise = spec.empty_noise((20_000,), torch.device("cpu"))
+    spec.fill_noise(noise)
+    actions, log_probs = spec.empty_actions((20_000,), torch.device("cpu")), torch.zeros(20_000)
+    dist.sample_into(noise, actions, log_probs)
+    for i, n in enumerate(nvec):
+        freq = torch.bincount(actions[:, i], minlength=n).float() / 20_000
+        probs = dist.probs[0, i, :n]
+        assert torch.all((freq - probs).abs() < 5 * (probs * (1 - probs) / 20_000).sqrt() + 1e-3), (freq, probs)
+
+
+def test_box_sampled_from_drawn_noise_is_the_squashed_gaussian_draw():
+    spec = ActionSpec(ActionLayout(spaces.Box(-2.0, 3.0, (3,), np.float32)))
+    logits = torch.randn(4, spec.logits_size)
+    dist = spec.distribution(logits)
+    noise = spec.empty_noise((4,), torch.device("cpu"))
+    spec.fill_noise(noise)
+    action, log_prob = dist.sample_with_log_prob(noise)
+    torch.testing.assert_close(action, dist.bounds.squash(dist.mean + dist.std * noise))
+    torch.testing.assert_close(log_prob, dist.log_prob(action))
+    assert torch.all((action >= -2.0) & (action <= 3.0))

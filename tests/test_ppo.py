@@ -155,17 +155,18 @@ def test_compile_flag_trains_and_updates_weights():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_host_staging_path_stores_what_the_numpy_path_stores():
-    """On CUDA, env arrays reach storage through host buffers (pinned there) and non-blocking copies; on
-    CPU through numpy views. Run on CPU with unpinned buffers, the staging path must fill storage exactly
-    as the numpy path does, episode starts, truncations and their final values included."""
+@pytest.mark.parametrize("network", ["mlp", "lstm"])
+def test_host_staging_path_stores_what_the_numpy_path_stores(network):
+    """On CUDA, env arrays reach storage through pinned host copies sent once per rollout (the observation, and a
+    recurrent policy's episode starts, each step) and actions leave through a host buffer; on CPU storage is
+    written through numpy views. Run on CPU (``stage_on_host``, unpinned), the staging path must fill storage
+    exactly as the numpy path does, episode starts, truncations and their final values included."""
     def run(staging: bool) -> PPO:
         env = vector.make(lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7), 3, seed=0)
         torch.manual_seed(0)
-        ppo = PPO(env, Policy.from_env(env, hidden=8), PPOConfig(num_steps=12, seed=0))
-        if staging:
-            ppo._numpy = None
-            ppo._host = {k: torch.zeros(v.shape[1:], dtype=v.dtype) for k, v in ppo._slots.items()}
+        cls = type("StagedPPO", (PPO,), {"stage_on_host": True}) if staging else PPO
+        ppo = cls(env, Policy.from_env(env, network=network, hidden=8), PPOConfig(num_steps=12, seed=0))
+        assert (ppo._staged is not None) == staging
         ppo.collect()
         ppo.collect()
         return ppo
@@ -175,3 +176,37 @@ def test_host_staging_path_stores_what_the_numpy_path_stores():
     for name in ("obs", "masks", "starts", "rewards", "terminals", "truncations", "actions", "logprobs", "values",
                  "final_values", "next_value"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+class RecordFinals:
+    """A vector env that keeps a copy of every truncated row's final observation, by (step, row)."""
+
+    def __init__(self, env):
+        self.env, self.finals, self.t = env, {}, 0
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, actions):
+        out = self.env.step(actions)
+        for row in np.flatnonzero(out[3] & ~out[2]):
+            self.finals[self.t, int(row)] = self.env.final_observations[row].copy()
+        self.t += 1
+        return out
+
+
+def test_final_values_computed_after_the_rollout_are_each_truncations_own_value():
+    """The values of truncated rows' final observations are computed in one forward after the loop; each must
+    equal the policy's value of that row's own final observation (MLP: no state)."""
+    env = RecordFinals(vector.make("gridworld", 16, backend="numba", seed=0))
+    torch.manual_seed(0)
+    ppo = PPO(env, Policy.from_env(env, hidden=16), PPOConfig(num_steps=40, seed=0))
+    ppo.collect()
+    assert len(env.finals) >= 8, "the gridworld truncates after 24 steps"
+    steps, rows = zip(*env.finals)
+    with torch.no_grad():
+        _, want, _ = ppo.policy.forward_eval(torch.as_tensor(np.stack(list(env.finals.values()))), ())
+    torch.testing.assert_close(ppo.final_values[list(steps), list(rows)], want)
+    untouched = torch.ones_like(ppo.final_values, dtype=torch.bool)
+    untouched[list(steps), list(rows)] = False
+    assert torch.all(ppo.final_values[untouched] == 0)

@@ -173,6 +173,8 @@ class PPO:
     of one iteration. ``vecenv`` follows packrl's vector contract (``reset``, ``step``, ``masks``,
     ``final_observations``); ``policy`` is a ``packrl.models.Policy``."""
 
+    stage_on_host: bool | None = None  # None: off CPU. True stages on CPU too (tests run the CUDA path's logic there)
+
     def __init__(self, vecenv: Any, policy: nn.Module, config: PPOConfig | None = None):
         self.env, self.config = vecenv, config or PPOConfig()
         cfg = self.config
@@ -213,7 +215,8 @@ class PPO:
         T = self.config.num_steps  # the slot after the rollout holds what the next step starts from
         self._put(T, "obs", obs)
         self._put(T, "mask", self.env.masks)
-        self._slots["start"][T] = True
+        self._put(T, "start", np.ones(self.num_rows, bool))
+        self._send_staged()
         self._reset_state()
         self.episodes = EpisodeTracker(self.num_rows, self.episodes.agents)  # no half episode is counted
 
@@ -249,6 +252,8 @@ class PPO:
         self.actions: Any = None
         self._action_views: list = []
         self._action_host: list = []  # per step: what env.step receives, when it is a view of storage
+        self._actions_pinned: torch.Tensor | None = None
+        staged = self.stage_on_host if self.stage_on_host is not None else dev.type != "cpu"
         if self._spec is not None:
             self.actions = self._spec.empty_actions((T, N), dev)
             self._noise = self._spec.empty_noise((T, N), dev)
@@ -258,28 +263,39 @@ class PPO:
             if self._spec.kind in ("discrete", "multidiscrete"):
                 # the argmax writes (rows, k); a Discrete's (rows,) storage is written through its (rows, 1) view
                 self._choice_views = [a.unsqueeze(-1) if self._spec.kind == "discrete" else a for a in self._action_views]
-                host = self.actions.numpy() if dev.type == "cpu" else \
-                    torch.zeros(self.actions.shape, dtype=self.actions.dtype, pin_memory=True).numpy()
-                self._action_host = list(host)  # int64 choices: exactly what to_numpy gives, no copy on CPU
+                self._actions_pinned = torch.zeros(self.actions.shape, dtype=self.actions.dtype,
+                                                   pin_memory=dev.type == "cuda") if staged else None
+                host = self._actions_pinned if staged else self.actions
+                self._action_host = list(host.numpy())  # int64 choices: exactly what to_numpy gives, no copy on CPU
         self._graphs: list | None = None  # CUDA graphs of _policy_step, one per step t, captured on first use
         self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
-        if dev.type == "cpu":
+        if not staged:
             # On CPU the env's arrays are written through numpy views of the storage (a numpy copy of a
             # few rows costs a fraction of a torch copy_).
+            self._staged: dict | None = None
             self._numpy = {k: v.numpy() for k, v in self._slots.items()}
         else:
-            # Pinned host staging so host -> GPU copies overlap with the policy.
-            self._numpy = None
-            self._host = {k: torch.zeros(v.shape[1:], dtype=v.dtype, pin_memory=True) for k, v in self._slots.items()}
+            # On CUDA the env's arrays are written by numpy into pinned host copies of the storage and sent to the
+            # device once per rollout (``_send_staged``); the observation, which the next step's policy reads, goes
+            # each step (and the episode starts, when a recurrent policy reads them).
+            self._staged = {k: torch.zeros(v.shape, dtype=v.dtype, pin_memory=dev.type == "cuda")
+                            for k, v in self._slots.items()}
+            self._numpy = {k: v.numpy() for k, v in self._staged.items()}
 
     def _put(self, t: int, name: str, array: np.ndarray) -> None:
-        """Write an env array into slot ``t`` of storage ``name``. On CUDA through a pinned buffer with a
-        non-blocking copy: the buffer is rewritten only on the next step, after ``to_numpy`` has
-        synchronised the stream."""
-        if self._numpy is not None:
-            self._numpy[name][t] = array
-        else:
-            self._slots[name][t].copy_(self._host[name].copy_(torch.from_numpy(np.asarray(array))), non_blocking=True)
+        """Write an env array into slot ``t`` of storage ``name``. On CUDA into the pinned host copy; the observation
+        (and a recurrent policy's episode starts) is also copied to the device at once, without blocking: its host
+        slot is rewritten a whole rollout later, long after the step's action copy synchronised the stream."""
+        self._numpy[name][t] = array
+        if self._staged is not None and (name == "obs" or (name == "start" and self.recurrent)):
+            self._slots[name][t].copy_(self._staged[name][t], non_blocking=True)
+
+    def _send_staged(self) -> None:
+        """On CUDA, the env arrays the rollout staged on the host (rewards, ends, masks) to the device, one copy each."""
+        if self._staged is not None:
+            for name, host in self._staged.items():
+                if name != "obs":
+                    self._slots[name].copy_(host, non_blocking=True)
 
     def _store_actions(self, t: int, action: Any) -> None:
         if self.actions is None:
@@ -301,8 +317,8 @@ class PPO:
     def _autocast(self) -> Any:
         """bfloat16 autocast for a forward pass with ``bf16``; else nothing (entering a disabled autocast
         costs microseconds on every rollout step)."""
-        if self.config.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.config.bf16:  # no cast cache: a captured CUDA graph must not hold casts made outside it
+            return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
         return contextlib.nullcontext()
 
     def _rollout_forward(self, x: torch.Tensor, state: Any, done: torch.Tensor) -> tuple:
@@ -358,10 +374,10 @@ class PPO:
         """Step ``t``'s actions as ``env.step`` takes them: a view of storage on CPU, one device-to-host copy on CUDA."""
         if not self._action_host:
             return self.policy.decoder.to_numpy(self._action_views[t])
-        if self.device.type != "cpu":
-            host = torch.from_numpy(self._action_host[t])
-            host.copy_(self._action_views[t], non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
+        if self._actions_pinned is not None:
+            self._actions_pinned[t].copy_(self._action_views[t], non_blocking=True)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
         return self._action_host[t]
 
     def _graphs_wanted(self) -> bool:
@@ -375,7 +391,8 @@ class PPO:
         they replay in the order they were captured. The warm-up runs on a side stream, as torch's CUDA-graph
         notes require, and the state it stepped is put back."""
         self._graphs = []  # from here on the state is kept in place (_reset_state, _policy_step)
-        self.state = tuple(s.clone() for s in self.state)
+        with torch.inference_mode(False):  # normal tensors: _reset_state zeroes them outside inference mode
+            self.state = tuple(s.clone() for s in self.state)
         saved = tuple(s.clone() for s in self.state)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -402,8 +419,10 @@ class PPO:
         forward pass together with the value of the observation that follows the rollout."""
         env, T = self.env, self.config.num_steps
         start_time = time.perf_counter()
-        for slots in (self._slots["obs"], self._slots["mask"], self._slots["start"]):
-            slots[0].copy_(slots[T])  # where the previous rollout (or the reset) left off
+        for name in ("obs", "mask", "start"):  # where the previous rollout (or the reset) left off
+            self._slots[name][0].copy_(self._slots[name][T])
+            if self._staged is not None:
+                self._numpy[name][0] = self._numpy[name][T]
         self.segment_states = []
         self._truncated = []
         recurrent = self.recurrent
@@ -431,6 +450,7 @@ class PPO:
                 self._put(t + 1, "obs", obs)
                 self._put(t + 1, "mask", env.masks)
                 self._put(t + 1, "start", np.logical_or(terminals, truncations))
+        self._send_staged()
         self.next_value = self._bootstrap_values()
         # rows waiting for their turn after the rollout: their pending decision waits for the next rollout's data
         self.train_masks, self.train_rewards, self.bootstrap_value = cut_pending_decisions(
@@ -445,10 +465,8 @@ class PPO:
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
 
     def _host_array(self, name: str) -> np.ndarray:
-        """Storage ``name`` as a numpy array (a view on CPU, a copy from the device otherwise)."""
-        if self._numpy is not None:
-            return self._numpy[name][: self.config.num_steps] if name != "mask" else self._numpy[name]
-        return np.ascontiguousarray(self._slots[name].cpu().numpy())
+        """Storage ``name`` as a numpy array: a view of it on CPU, of its pinned host copy on CUDA."""
+        return self._numpy[name][: self.config.num_steps] if name != "mask" else self._numpy[name]
 
     def _bootstrap_values(self) -> torch.Tensor:
         """V(observation after the rollout) of every row, and V(final observation) of each truncation of the
