@@ -36,18 +36,39 @@ SECTION_TITLES = {
 _NUMBER = re.compile(r"-(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf|-nan")
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) and a close match for an unknown flag."""
+ALIASES = {"lr": "learning_rate", "epochs": "update_epochs", "minibatches": "num_minibatches", "envs": "num_envs",
+           "workers": "num_workers", "steps": "total_steps", "rollout": "num_steps", "clip": "clip_coef",
+           "ent": "ent_coef", "entropy": "ent_coef", "vf": "vf_coef"}
+"""Common short names of settings, for the suggestion after an unknown flag (``--lr`` -> ``--train.learning_rate``)."""
 
-    known_flags: list[str] = []
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) and a close match for an unknown flag, among the flags of the
+    subcommand given (``command``, set by ``main``)."""
+
+    known_flags: dict[str, list[str]] = {}  # subcommand -> its flags
+    command: str | None = None
 
     def error(self, message: str) -> None:  # type: ignore[override]
         unknown = re.match(r"unrecognized arguments: (\S+)", message)
         if unknown and unknown.group(1).startswith("--"):
             flag = unknown.group(1).partition("=")[0]
-            close = difflib.get_close_matches(flag, Parser.known_flags, n=3, cutoff=0.6)
+            close = suggest(flag, Parser.known_flags.get(Parser.command or "", []))
+            prog = f"packrl {Parser.command}" if Parser.command else self.prog
             message = f"unknown flag {flag}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+            self.exit(2, f"{prog}: error: {message} (see {prog} --help)\n")
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def suggest(flag: str, flags: list[str]) -> list[str]:
+    """Up to three flags close to ``flag``: the same setting under its section (``--gamma`` ->
+    ``--train.gamma``, ``--lr`` -> ``--train.learning_rate``), else by spelling."""
+    name = flag.lstrip("-").replace("-", "_")
+    name = ALIASES.get(name, name)
+    same = [f for f in flags if f.rpartition(".")[2].lstrip("-").replace("-", "_") == name]
+    if same:
+        return same[:3]
+    return difflib.get_close_matches(flag, [f for f in flags if f not in ("--help", "--version")], n=3, cutoff=0.6)
 
 
 def build_parser() -> Parser:
@@ -83,8 +104,8 @@ def build_parser() -> Parser:
                              allow_abbrev=False)
     commands.configs.add_arguments(configs)
 
-    Parser.known_flags = sorted({o for p in sub.choices.values() for a in p._actions for o in a.option_strings
-                                 if o.startswith("--")})
+    Parser.known_flags = {name: sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+                          for name, p in sub.choices.items()}
     return parser
 
 
@@ -175,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
     parser = build_parser()
-    args = parser.parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    Parser.command = next((token for token in argv if not token.startswith("-")), None)
+    args = parser.parse_args(argv)
     try:
         if args.command == "eval":
             return commands.evaluate.run(args)
@@ -185,8 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from packrl.train.run import env_creator
 
-            env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])  # a bad id: no preset line
-            print(_preset_line(preset, config), flush=True)
+            if args.name is not None:
+                from packrl.run_folders import check_name
+
+                check_name(args.name)
+            env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])
+            # the preset line comes once the run is set up (no line before an error found later); a resumed
+            # run prints what it resumes instead: its recorded settings, not this command line's preset
+            args.preamble = None if args.resume is not None else _preset_line(preset, config)
             return commands.train.run(args, config)
         return commands.check.run(args, config)
     except PackrlError as err:

@@ -55,6 +55,9 @@ class Range:
 
 
 POSITIVE_INT = Range(1)
+MAX_HIDDEN = 1 << 14
+"""The widest ``policy.hidden``: what a checkpoint's loader accepts (a 16384-wide layer already holds 10^8
+weights per matrix), so training never writes a checkpoint the loader refuses."""
 NON_NEGATIVE = Range(0)
 POSITIVE = Range(0, low_open=True)
 UNIT = Range(0, 1)
@@ -125,7 +128,7 @@ class PolicyConfig:
     encoder: Literal["layout"] = field(default="layout", metadata=_meta(
         "observation encoder: the Layout encoder (each leaf by its kind; per-leaf choices in policy.overrides)"))
     network: Literal["mlp", "lstm", "gru", "mingru"] = field(default="mlp", metadata=_meta("core network"))
-    hidden: int = field(default=128, metadata=_meta("hidden width of the encoder and network", POSITIVE_INT))
+    hidden: int = field(default=128, metadata=_meta("hidden width of the encoder and network", Range(1, MAX_HIDDEN)))
     critic: Literal["shared", "separate"] = field(default="shared", metadata=_meta(
         "the value head's trunk: shared with the actor, or separate (its own encoder and mlp; mlp network only)"))
     decoder: Literal["default"] = field(default="default", metadata=_meta(

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, config: dict) -> int:
         device_given="train.device" in given,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
         live=not args.no_live, tensorboard=args.tensorboard, log_seconds=args.log_seconds,
-        versus_every=args.versus_every, versus_games=args.versus_games)
+        versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None))
     if args.resume is not None:
         fixed = sorted(given - RESUME_CHANGEABLE)
         fixed += ["--config"] if getattr(args, "config", None) else []

@@ -10,11 +10,9 @@ import re
 from pathlib import Path
 
 from packrl.checkpoint import CheckpointError
-from packrl.config import LEAF_ENCODERS
+from packrl.config import LEAF_ENCODERS, MAX_HIDDEN
 
-MAX_HIDDEN = 1 << 14
-"""The largest ``policy.hidden`` a checkpoint may ask for (a 16384-wide layer already holds 10^8 weights per
-matrix); checked before a policy is built."""
+__all__ = ["MAX_HIDDEN", "checked_config", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
 
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
 CRITICS = ("shared", "separate")

@@ -25,7 +25,7 @@ import torch
 from packrl import config as config_settings
 from packrl.checkpoint import load_checkpoint, save_checkpoint
 from packrl.env_ids import env_creator
-from packrl.errors import ConfigError
+from packrl.errors import ConfigError, PackrlError
 from packrl.train.ppo import PPO, PPOConfig, seed_everything
 
 DEFAULTS: dict[str, dict] = config_settings.defaults()  # the config dataclasses' defaults (packrl.config)
@@ -98,7 +98,21 @@ def make_vecenv(config: dict, seed: int = 0) -> Any:
         raise ConfigError(f"packrl env {env['id']!r} runs on the numba backend (or numba inside multiprocessing "
                           f"workers), not {how}")
     extra = {"num_workers": num_workers} if num_workers is not None else {}
-    return vector.make(creator, int(vec["num_envs"]), backend=backend, seed=seed, **extra)
+    try:
+        return vector.make(creator, int(vec["num_envs"]), backend=backend, seed=seed, **extra)
+    except PackrlError as err:
+        if getattr(err, "env_traceback", None) is None:
+            raise
+        raise ConfigError(f"env {env['id']!r} could not be made with env.kwargs {env.get('kwargs') or {}}: "
+                          f"{_last_line(str(err))}") from None
+    except Exception as err:  # noqa: BLE001 - the env's constructor raised: a bad id or env.kwargs, one line
+        raise ConfigError(f"env {env['id']!r} could not be made with env.kwargs {env.get('kwargs') or {}}: "
+                          f"{type(err).__name__}: {_last_line(str(err))}") from None
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _packrl_env_names() -> list[str]:

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import threading
@@ -35,8 +36,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from packrl.errors import PackrlError
+from packrl.errors import ConfigError, PackrlError
 from packrl.run_folders import (
+    MARKER,
     RunError,
     check_name,
     create_run_folder,
@@ -76,6 +78,7 @@ class RunOptions:
     log_seconds: float = 5.0
     versus_every: int = 10  # iterations between win-rate checks (two-player zero-sum games; 0: never)
     versus_games: int = 20
+    preamble: str | None = None  # a line printed once the run is set up (the CLI's preset line)
 
 
 @dataclass
@@ -100,7 +103,7 @@ def new_run_folder(options: RunOptions, env_id: str) -> Path:
         folder = Path(options.out) if options.out is not None else Path(options.runs_dir) / check_name(options.name)
         if folder.is_symlink():
             raise RunError(f"run folder {folder}: is a symlink; a run folder is never written through a symlink")
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        if folder.exists() and (not folder.is_dir() or any(p.name != MARKER for p in folder.iterdir())):
             if not options.overwrite:
                 raise RunError(f"run folder {folder} already exists; pass --overwrite to replace it, --resume {folder} "
                                "to continue it, or choose another --name/--out")
@@ -292,7 +295,17 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         config = _resumed_config(metadata, checkpoint_path, config, options)
         if not options.env_given:  # a checkpoint is data: its env id never names code to run
             env = config["env"]
-            env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
+            try:
+                env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
+            except ConfigError:
+                from packrl.train.checkpoint_env import is_data_env_id
+
+                if is_data_env_id(env["id"]):
+                    raise
+                raise RunError(f"--resume {options.resume}: the run's env id {env['id']!r} names code to import and "
+                               "call, which is never run because a checkpoint recorded it; give the env on the command "
+                               f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
+                               ) from None
         resume_state = (metadata["resume"], policy_state, optimizer_state)
         if resume_folder is not None and options.out is None and options.name is None:
             folder = resume_folder
@@ -307,7 +320,11 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     cfg = ppo_config(config)
 
     seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
-    vecenv = make_vecenv(config, seed=cfg.seed)
+    try:
+        vecenv = make_vecenv(config, seed=cfg.seed)
+    except BaseException:
+        _remove_if_empty(folder)
+        raise
     stops = StopSignals()
     history = None
     code, error = EXIT_OK, None
@@ -326,6 +343,11 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
                                   ppo.global_step)
         versus = _versus_check(env_id, config, options)
+        if resume_state is not None:
+            console.print(escape(printable(f"resuming {folder} from {checkpoint_path} (step {ppo.global_step:,}, "
+                                           "its recorded settings)")), highlight=False, soft_wrap=True)
+        elif options.preamble:
+            console.print(escape(options.preamble), highlight=False, soft_wrap=True)
         title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
         board = Dashboard(title, total, live=options.live and console.is_terminal,
                           tensorboard=_tensorboard_folder(options.tensorboard, folder),
