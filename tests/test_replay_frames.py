@@ -203,3 +203,31 @@ def test_frame_stack_and_leaf_travel_through_save_and_load(tmp_path):
 def test_each_frame_is_stored_once():
     """Stacking costs no storage: the buffer with frame_stack=4 holds the same bytes as without."""
     assert _pixel_buffer(frame_stack=4, frame_stack_leaf="pixels").nbytes == _pixel_buffer().nbytes
+
+
+def test_torch_samples_equal_numpy_samples_for_the_same_draw():
+    """The torch path (leaf views of tensors, stacks viewed in the leaf's dtype) gives the numpy path's values."""
+    buf = _pixel_buffer(frame_stack=3, frame_stack_leaf="pixels")
+    state = buf.rng.bit_generator.state
+    host = buf.sample_sequences(8, 4)
+    buf.rng.bit_generator.state = state
+    tensors = buf.sample_sequences(8, 4, device="cpu")
+    for key in ("pixels", "step"):
+        assert np.array_equal(tensors.observations[key].numpy(), host.observations[key])
+    assert np.array_equal(tensors.masks.numpy(), host.masks)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_frame_stacks_and_sequences_equal_the_host_ones():
+    buf = _pixel_buffer(frame_stack=3, frame_stack_leaf="pixels")
+    for sample in (lambda device: buf.sample(32, 2, device=device), lambda device: buf.sample_sequences(8, 4, device=device)):
+        state = buf.rng.bit_generator.state
+        host = sample(None)
+        buf.rng.bit_generator.state = state
+        on_gpu = sample("cuda")
+        assert on_gpu.observations["pixels"].device.type == "cuda"
+        for key in ("pixels", "step"):
+            assert np.array_equal(on_gpu.observations[key].cpu().numpy(), host.observations[key])
+        if hasattr(host, "next_observations"):
+            assert np.array_equal(on_gpu.next_observations["pixels"].cpu().numpy(), host.next_observations["pixels"])
