@@ -108,3 +108,41 @@ def test_no_preset_line_before_an_error_found_later(tmp_path, capsys):
     assert main(["train", "CartPole-v1", "--out", str(tmp_path / "taken"), "--no-live"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and "already exists" in _lines(out.err)[0]
+
+
+class ThreadsSeen(Steps):
+    """Appends torch's intra-op thread count at each step to the file ``record``."""
+
+    def __init__(self, record: str):
+        self.record = record
+
+    def step(self, action):
+        import torch
+
+        with open(self.record, "a") as f:
+            f.write(f"{torch.get_num_threads()}\n")
+        return super().step(action)
+
+
+def threads_env(record):
+    return ThreadsSeen(record)
+
+
+def test_train_command_trains_on_the_cli_threads_and_gives_them_back(tmp_path, monkeypatch):
+    import torch
+
+    from packrl.commands.train import train_command
+    from packrl.train.run import merge_config
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    record = tmp_path / "threads.txt"
+    try:
+        config = merge_config({"env": {"id": "tests.test_cli_open_items:threads_env", "kwargs": {"record": str(record)}},
+                               "vec": {"num_envs": 1}, "train": {"total_steps": 16, "num_steps": 16}})
+        assert train_command(config, out=tmp_path / "r", live=False) == 0
+        assert set(record.read_text().split()) == {"1"}  # as `packrl train` trains
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -25,6 +25,8 @@ SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:
          ("clipfrac", "clip fraction", "{:.3f}"), ("explained_variance", "explained variance", "{:.3f}"),
          ("learning_rate", "learning rate", "{:.2e}"))
 PER_AGENT, VERSUS = "episode_return/", "vs_random/"
+SELF_PLAY_LABEL = "self-play return (0 in zero-sum)"
+LABEL_WIDTH, VALUE_WIDTH = 32, 18
 LOGGED = {key for key, _, _ in SHOWN}  # TensorBoard gets these and the per-agent and versus figures
 
 
@@ -34,8 +36,9 @@ class Dashboard:
     ``start_step``: where a resumed run starts (progress and ETA count from there)."""
 
     def __init__(self, title: str, total_steps: int, live: bool = True, tensorboard: str | None = None,
-                 log_seconds: float = 5.0, console: Console | None = None, start_step: int = 0):
+                 log_seconds: float = 5.0, console: Console | None = None, start_step: int = 0, versus: bool = False):
         self.title, self.total_steps, self.log_seconds = title, total_steps, log_seconds
+        self.versus = versus  # a two-player zero-sum game: the headline is the score against a random opponent
         self.start = time.perf_counter()
         self.start_step = self.step = start_step
         self.last: dict = {}
@@ -69,7 +72,8 @@ class Dashboard:
 
     def update(self, stats: dict) -> None:
         if "episode_return" in stats or not self.last:
-            self.last = dict(stats)
+            kept = {k: v for k, v in self.last.items() if k.startswith(VERSUS)}  # measured every few iterations
+            self.last = {**kept, **stats}
         else:  # keep the last episode figures when no episode ended this iteration
             self.last.update(stats)
         self.step = stats["global_step"]
@@ -105,16 +109,22 @@ class Dashboard:
             highlight=False, soft_wrap=True)
 
     def table(self) -> Table:
+        """The latest figures, in columns of fixed width (the table does not jump as rows come and go). In a
+        two-player zero-sum game the score against a random opponent heads the figures, shown from the first
+        frame ("-" until measured) and kept between measurements; the mean self-play return is 0 by
+        construction and labelled so."""
         stats = self.last
-        table = Table(title=self.title, show_header=False, min_width=48)
-        table.add_column(style="cyan")
-        table.add_column(justify="right")
+        table = Table(title=self.title, show_header=False, min_width=56)
+        table.add_column(style="cyan", min_width=LABEL_WIDTH)
+        table.add_column(justify="right", min_width=VALUE_WIDTH)
         rows = [(label, fmt.format(stats[key]) if isinstance(stats.get(key), (int, float)) else "-")
                 for key, label, fmt in SHOWN]
         rows += [(f"return of {k[len(PER_AGENT):]}", f"{v:.3f}") for k, v in stats.items() if k.startswith(PER_AGENT)]
-        if any(k.startswith(VERSUS) for k in stats):
-            rows.append(("vs random: win / draw / loss", " / ".join(
-                f"{stats.get(VERSUS + k, float('nan')):.2f}" for k in ("win", "draw", "loss"))))
+        if self.versus or any(k.startswith(VERSUS) for k in stats):
+            score = " / ".join(f"{stats[VERSUS + k]:.2f}" if isinstance(stats.get(VERSUS + k), (int, float)) else "-"
+                               for k in ("win", "draw", "loss"))
+            rows.insert(1, ("vs random: win / draw / loss", score))
+            rows = [(SELF_PLAY_LABEL if label == "episode return" else label, value) for label, value in rows]
         for label, value in rows:
             table.add_row(label, value)
         return table

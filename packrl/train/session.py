@@ -351,7 +351,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
         board = Dashboard(title, total, live=options.live and console.is_terminal,
                           tensorboard=_tensorboard_folder(options.tensorboard, folder),
-                          log_seconds=options.log_seconds, console=console, start_step=ppo.global_step)
+                          log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
+                          versus=versus is not None)
         stops.board = board
 
         def callback(stats: dict) -> bool:
