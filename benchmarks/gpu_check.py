@@ -1,10 +1,12 @@
-"""One script for a GPU machine (under 5 minutes): the CUDA advantage kernel against the CPU one, its
-speed at (T=128, N=16384) against a plain torch loop, and 60 s of PPO training on the Numba gridworld
-on the GPU, printing steps/s.
+"""One script for a GPU machine (issue 27's numbers, a few minutes): the CUDA advantage kernel against the CPU one
+and a torch loop at (T=128, N=16384); the PPO split on the Numba gridworld at 4096, 16384 and 65536 envs and on
+Numba CartPole at the first two (env-only steps/s, collect and update ms per iteration, end-to-end agent steps/s with
+the profiler off, the device-busy share of one profiled collect and its launches per step, whether the rollout ran
+as CUDA graphs); then a learning run on the gridworld: agent steps to a mean return of 1.25 (optimum about 1.30).
 
     python benchmarks/gpu_check.py                 # on a CUDA machine
     python benchmarks/gpu_check.py --interpret     # no GPU: run the Triton kernel in Triton's CPU interpreter
-    python benchmarks/gpu_check.py --train-seconds 60 --num-envs 4096
+    python benchmarks/gpu_check.py --device cpu --split-envs 64,256 --num-envs 64 --train-seconds 10   # the script on CPU
 """
 from __future__ import annotations
 
@@ -88,7 +90,100 @@ def time_kernel(T: int, N: int, repeats: int) -> None:
         print(f"  {name:28} {t * 1e3:9.3f} ms   {base / t:7.1f}x vs torch loop")
 
 
-def train(seconds: float, num_envs: int) -> None:
+def env_only_rate(env_id: str, num_envs: int, seconds: float = 2.0) -> float:
+    """Agent steps/s of the Numba envs alone, stepping random actions drawn once."""
+    from packrl import vector
+
+    env = vector.make(env_id, num_envs, backend="numba", seed=0)
+    env.reset(seed=0)
+    actions = np.stack([env.single_action_space.sample() for _ in range(num_envs)])
+    env.step(actions)
+    steps, tic = 0, time.perf_counter()
+    while time.perf_counter() - tic < seconds:
+        env.step(actions)
+        steps += env.num_agents
+    rate = steps / (time.perf_counter() - tic)
+    env.close()
+    return rate
+
+
+def _device_time_us(event) -> float:
+    """An event's own device time in µs, under the attribute name this torch version uses."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def profile_collect(ppo, sync) -> tuple[float, float, dict]:
+    """(device-busy share of one collect: kernel time over wall, launches per step, top host calls) under
+    torch.profiler. Launches count cudaLaunchKernel, cudaGraphLaunch and cudaMemcpyAsync calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sync()
+    with profile(activities=activities) as prof:
+        tic = time.perf_counter()
+        ppo.collect()
+        sync()
+        wall = time.perf_counter() - tic
+    averages = prof.key_averages()
+    busy_us = sum(_device_time_us(e) for e in averages if getattr(e, "device_type", None) is not None
+                  and "CUDA" in str(e.device_type))
+    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
+                                                          "cuLaunchKernel", "cudaLaunchKernelExC"))
+    return busy_us * 1e-6 / wall, launches / ppo.config.num_steps, {e.key: e.count for e in averages}
+
+
+def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool) -> dict:
+    """One PPO configuration's split: env-only rate, collect and update ms per iteration (median), end-to-end agent
+    steps/s (profiler off), then one profiled collect: device-busy share and launches per step."""
+    import torch
+
+    from packrl import vector
+    from packrl.models import Policy
+    from packrl.train.ppo import PPO, PPOConfig
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    env = vector.make(env_id, num_envs, backend="numba", seed=0)
+    ppo = PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
+                                                               learning_rate=1e-3, device=device, bf16=bf16))
+    ppo.collect()  # the first iteration captures the rollout's CUDA graphs
+    ppo.update()
+    sync()
+    collects, updates, steps, tic = [], [], 0, time.perf_counter()
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        steps += ppo.collect()["agent_steps"]
+        sync()
+        t1 = time.perf_counter()
+        ppo.update()
+        sync()
+        collects.append(t1 - t0)
+        updates.append(time.perf_counter() - t1)
+    rate = steps / (time.perf_counter() - tic)
+    busy, launches, _ = profile_collect(ppo, sync)
+    graphs = bool(getattr(ppo, "_graphs", None))
+    env.close()
+    return {"env": env_id, "num_envs": num_envs, "env_only": env_only_rate(env_id, num_envs), "collect_ms":
+            statistics.median(collects) * 1e3, "update_ms": statistics.median(updates) * 1e3, "sps": rate,
+            "busy": busy, "launches": launches, "graphs": graphs}
+
+
+def print_splits(rows: list[dict], device: str) -> None:
+    print(f"PPO split on {device} (64 steps x num_envs per iteration, 2 epochs x 4 minibatches, hidden 128, default "
+          "policy; steps/s with the profiler off, busy share and launches from one profiled collect):")
+    print(f"  {'env':10} {'envs':>6} {'env-only steps/s':>17} {'collect ms':>11} {'update ms':>10} {'PPO steps/s':>12} "
+          f"{'busy':>6} {'launches/step':>14} {'graphs':>7}")
+    for r in rows:
+        print(f"  {r['env']:10} {r['num_envs']:>6} {r['env_only']:>17,.0f} {r['collect_ms']:>11.1f} {r['update_ms']:>10.1f} "
+              f"{r['sps']:>12,.0f} {r['busy']:>6.1%} {r['launches']:>14.1f} {str(r['graphs']):>7}")
+
+
+def learn(seconds: float, num_envs: int, device: str, bf16: bool, target: float = 1.25) -> None:
+    """PPO on the Numba gridworld until the time runs out: agent steps to first reach a mean return of ``target``
+    (the optimum is about 1.30), and the return at the end."""
     import torch
 
     from packrl import vector
@@ -97,11 +192,13 @@ def train(seconds: float, num_envs: int) -> None:
 
     env = vector.make("gridworld", num_envs, backend="numba", seed=0)
     ppo = PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
-                                                               learning_rate=1e-3, device="cuda", bf16=True))
-    start, history = time.perf_counter(), []
+                                                               learning_rate=1e-3, device=device, bf16=bf16))
+    start, history, reached = time.perf_counter(), [], []
 
     def stop(stats: dict):
         history.append(stats)
+        if not reached and stats.get("episode_return", 0.0) >= target:
+            reached.append((stats["global_step"], time.perf_counter() - start))
         if len(history) % 10 == 0:
             print(f"  step {stats['global_step']:>11,}  sps {stats['sps']:>10,.0f}  "
                   f"return {stats.get('episode_return', float('nan')):.3f}", flush=True)
@@ -109,19 +206,30 @@ def train(seconds: float, num_envs: int) -> None:
 
     ppo.train(10**12, stop)
     elapsed = time.perf_counter() - start
-    print(f"PPO on the Numba gridworld, {num_envs} envs, cuda + bf16: {ppo.global_step:,} agent steps in {elapsed:.0f} s "
-          f"= {ppo.global_step / elapsed:,.0f} steps/s overall; last return "
-          f"{next((h['episode_return'] for h in reversed(history) if 'episode_return' in h), float('nan')):.3f}; "
-          f"{torch.cuda.get_device_name()}")
+    last = next((h["episode_return"] for h in reversed(history) if "episode_return" in h), float("nan"))
+    where = f"{reached[0][0]:,} agent steps ({reached[0][1]:.1f} s)" if reached else "not reached"
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"PPO on the Numba gridworld, {num_envs} envs, {device}{' + bf16' if bf16 else ''}: {ppo.global_step:,} agent "
+          f"steps in {elapsed:.0f} s = {ppo.global_step / elapsed:,.0f} steps/s overall; return >= {target} at {where}; "
+          f"last return {last:.3f}; {name}")
+    env.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--interpret", action="store_true", help="no GPU: check the Triton kernel in its CPU interpreter")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the split and learning run on "
+                        "the CPU (small env counts), to check the script without a GPU")
     parser.add_argument("--train-seconds", type=float, default=60.0)
-    parser.add_argument("--num-envs", type=int, default=4096)
+    parser.add_argument("--num-envs", type=int, default=4096, help="envs of the learning run")
+    parser.add_argument("--split-envs", default="4096,16384,65536", help="env counts of the split table (comma list)")
+    parser.add_argument("--split-iterations", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    try:
+        split_envs = [int(n) for n in args.split_envs.split(",")]
+    except ValueError:
+        parser.error(f"--split-envs: a comma list of env counts, not {args.split_envs!r}")
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before triton is imported
     import torch
@@ -130,12 +238,17 @@ def main() -> None:
     if args.interpret:
         check_kernel("cpu", T=33, N=300)
         return
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU machine, or pass --interpret to check the kernel on CPU")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    check_kernel("cuda", T=128, N=4096)
-    time_kernel(128, 16384, args.repeats)
-    train(args.train_seconds, args.num_envs)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU machine, or pass --device cpu / --interpret")
+    if cuda:
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        check_kernel("cuda", T=128, N=4096)
+        time_kernel(128, 16384, args.repeats)
+    rows = [split("gridworld", n, args.device, args.split_iterations, bf16=cuda) for n in split_envs]
+    rows += [split("cartpole", n, args.device, args.split_iterations, bf16=cuda) for n in split_envs[:2]]
+    print_splits(rows, args.device)
+    learn(args.train_seconds, args.num_envs, args.device, bf16=cuda)
 
 
 if __name__ == "__main__":

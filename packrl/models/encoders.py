@@ -160,6 +160,7 @@ class WordEncoder(nn.Module):
     time on MiniGrid."""
 
     PRIME, MODULUS = 257, 1_000_003
+    graph_safe = False  # reads the longest string's length on the host: a rollout with it is not a CUDA graph
 
     def __init__(self, separators: list[int], vocab: int, max_length: int, dim: int = EMBED_DIM, buckets: int = 1024):
         super().__init__()
