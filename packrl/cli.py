@@ -83,25 +83,24 @@ def build_parser() -> Parser:
     epilog = (f"presets (chosen from the env id; `packrl configs` shows what each sets):\n{preset_lines}\n"
               "precedence: defaults < preset < --config file < flags")
 
-    train = sub.add_parser("train", help="train PPO on ENV", description="Train PPO on ENV.", epilog=epilog,
+    train = sub.add_parser("train", help=COMMAND_HELP["train"], description="Train PPO on ENV.", epilog=epilog,
                            usage="packrl train [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
                            formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     _add_config_arguments(train, settings)
     commands.train.add_arguments(train)
 
-    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on its env", allow_abbrev=False)
+    evaluate = sub.add_parser("eval", help=COMMAND_HELP["eval"], allow_abbrev=False)
     commands.evaluate.add_arguments(evaluate)
-    inspect = sub.add_parser("inspect", help="print a checkpoint's metadata and tensors without loading it (no torch)")
+    inspect = sub.add_parser("inspect", help=COMMAND_HELP["inspect"])
     commands.inspect.add_arguments(inspect)
 
-    check = sub.add_parser("check", help="shape, dtype, range, NaN and gradient checks of ENV with its policy",
+    check = sub.add_parser("check", help=COMMAND_HELP["check"],
                            usage="packrl check [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     _add_config_arguments(check, settings)
     commands.check.add_arguments(check)
 
-    configs = sub.add_parser("configs", help="list the presets and what each sets; NAME prints one as TOML",
-                             allow_abbrev=False)
+    configs = sub.add_parser("configs", help=COMMAND_HELP["configs"], allow_abbrev=False)
     commands.configs.add_arguments(configs)
 
     Parser.known_flags = {name: sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
@@ -192,9 +191,35 @@ def config_from_args(args: argparse.Namespace) -> tuple[dict, object]:
     return config_settings.resolve(file_layer, config_settings.ConfigLayer(flags, "command line"), args.preset)
 
 
+COMMAND_HELP = {
+    "train": "train PPO on ENV", "eval": "evaluate a checkpoint on its env",
+    "inspect": "print a checkpoint's metadata and tensors without loading it (no torch)",
+    "check": "shape, dtype, range, NaN and gradient checks of ENV with its policy",
+    "configs": "list the presets and what each sets; NAME prints one as TOML",
+}
+
+
+def top_level(argv: list[str]) -> int | None:
+    """``packrl``, ``packrl --help`` and ``packrl --version`` without building the subcommands' parsers (which
+    read PPOConfig and so import torch and numba): instant. None for every other command line."""
+    if argv not in ([], ["-h"], ["--help"], ["--version"]):
+        return None
+    parser = Parser(prog="packrl", description=__doc__.split("\n")[0], allow_abbrev=False,
+                    epilog="`packrl COMMAND --help` lists each command's options")
+    parser.add_argument("--version", action="version", version=f"packrl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in COMMAND_HELP.items():
+        sub.add_parser(name, help=text)
+    parser.parse_args(argv)  # prints help or the version and exits; no command: argparse's one-line error
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
+    quick = top_level(list(sys.argv[1:] if argv is None else argv))
+    if quick is not None:
+        return quick
     parser = build_parser()
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     Parser.command = next((token for token in argv if not token.startswith("-")), None)
