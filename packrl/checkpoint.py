@@ -39,7 +39,8 @@ from typing import Any, Mapping
 
 from packrl.errors import PackrlError
 
-FORMAT = "packrl.checkpoint/2"
+FORMAT = "packrl.checkpoint/3"  # 3: the Layout encoder reads flat leaves together (its buffers changed)
+OLD_FORMATS = ("packrl.checkpoint/1", "packrl.checkpoint/2")
 WEIGHTS, METADATA = "model.safetensors", "metadata.json"
 PACKAGES = ("packrl", "torch", "numpy", "gymnasium", "pettingzoo", "numba", "safetensors")
 
@@ -303,7 +304,9 @@ def read_metadata(path: str | Path) -> dict:
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(metadata).__name__}")
     if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{file}: field 'format' is {_short(metadata.get('format'))}, expected {FORMAT!r}")
+        older = " (written by an older packrl, whose policy parameters differ: retrain, or load it with that version)" \
+            if metadata.get("format") in OLD_FORMATS else ""
+        raise CheckpointError(f"{file}: field 'format' is {_short(metadata.get('format'))}, expected {FORMAT!r}{older}")
     for key, kind in (("config", dict), ("layouts", dict), ("sha256", str), ("weights_sha256", str)):
         if not isinstance(metadata.get(key), kind):
             raise CheckpointError(f"{file}: field {key!r} is missing or not a {'JSON object' if kind is dict else 'string'}")

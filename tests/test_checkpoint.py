@@ -180,3 +180,17 @@ def test_a_folder_with_other_files_is_not_replaced(tmp_path):
     with pytest.raises(CheckpointError, match="notes.txt"):
         save_checkpoint(tmp_path / "run", _weights(1.0), config={}, seed=1)
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+
+
+def test_a_checkpoint_of_the_previous_format_is_refused_naming_it(tmp_path):
+    """Format 2 checkpoints hold the encoder of before the fused flat read: refused by their format, with a reason."""
+    from packrl.checkpoint import FORMAT
+    from tests.saved_policies import save_untrained
+
+    path = save_untrained(tmp_path / "ck")
+    meta = path / "metadata.json"
+    text = meta.read_text()
+    assert f'"{FORMAT}"' in text
+    meta.write_text(text.replace(f'"{FORMAT}"', '"packrl.checkpoint/2"'))
+    with pytest.raises(CheckpointError, match="packrl.checkpoint/2.*older packrl"):
+        read_metadata(path)
