@@ -231,3 +231,11 @@ def test_cuda_frame_stacks_and_sequences_equal_the_host_ones():
             assert np.array_equal(on_gpu.observations[key].cpu().numpy(), host.observations[key])
         if hasattr(host, "next_observations"):
             assert np.array_equal(on_gpu.next_observations["pixels"].cpu().numpy(), host.next_observations["pixels"])
+
+
+def test_prioritized_sequences_take_new_priorities_for_their_starts():
+    buf = _pixel_buffer(prioritized=True, alpha=1.0)
+    batch = buf.sample_sequences(8, 3)
+    assert buf.update_priorities(batch, np.full(8, 5.0)) == 0
+    p = buf.probabilities().ravel()
+    assert np.all(p[batch.indices] == p.max()) and p.max() > p[p > 0].min()

@@ -12,6 +12,11 @@ Observations are stored as the env gives them (packed uint8 rows for structured 
 device=)`` hands them back nativized (``packrl.nativize``) on the learner's device. The index work (which
 slots start a transition, the n-step sums, the sum tree) is Numba, see ``replay_index`` and ``sumtree``;
 ``save``/``load`` are in ``replay_store``.
+
+Pixels and recurrence: ``frame_stack=k`` keeps each frame once and builds the last k frames of a chosen leaf
+when it samples (DrQ-v2's layout), never across an episode start; ``sample_sequences(batch, L)`` gives L
+consecutive steps from drawn starts with masks that stop at the episode's end (R2D2-style recurrent
+off-policy learning).
 """
 from __future__ import annotations
 
@@ -293,8 +298,9 @@ class ReplayBuffer:
         host["observations"] = stored_observations[observation_flat]
         host["actions"] = stored_actions[step_flat]
         if self.frame_stack > 1:
-            host["stacks"] = np.empty((batch_size, length + 1, *self._stack_item()[0]), self._stack_item()[1])
-            self._gather_stacks(observation_flat.ravel(), host["stacks"].reshape(-1, *host["stacks"].shape[2:]))
+            item, dtype = self._stack_item()
+            host["stacks"] = np.empty((batch_size, length + 1, *item), dtype)
+            self._gather_stacks(observation_flat.ravel(), host["stacks"].reshape(-1, *item))
         stamps = self.stamps[flat] if self.prioritized else np.zeros(batch_size, np.int64)
         if device is None:
             out = host
@@ -322,12 +328,15 @@ class ReplayBuffer:
 
     def _gather_stacks(self, flat: np.ndarray, out: np.ndarray) -> None:
         """The stacked part of each slot's frames into ``out`` ``(len(flat), k, ...)``."""
-        frames = self.stack_indices(flat)
-        stored = self._flat_views()[0]
-        if self._stacked is not None:
+        frames = self.stack_indices(flat).ravel()
+        stored, out = self._flat_views()[0], out.reshape(frames.size, *out.shape[2:])
+        if self._stacked is None:
+            stored.take(frames, axis=0, out=out, mode="clip")
+        else:
             leaf = self.layout.leaves[self._stacked]
-            stored = stored[:, leaf.offset: leaf.offset + leaf.nbytes]
-        stored.take(frames.ravel(), axis=0, out=out.reshape(frames.size, *out.shape[2:]), mode="clip")
+            # fancy indexing with a trailing slice copies each row's leaf bytes; np.take of the column slice
+            # would first copy the whole storage contiguous (600 ms against 2 ms for an 800 MB buffer)
+            out[...] = stored[frames, leaf.offset: leaf.offset + leaf.nbytes]
 
     def _observations(self, rows: Any, stacks: Any, wrap: Any = None) -> Any:
         """Sampled rows (numpy or torch) -> what a batch hands back: nativized leaves when the buffer has a

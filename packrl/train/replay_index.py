@@ -183,3 +183,4 @@ def sequences(flat: np.ndarray, length: int, ptr: np.ndarray, count: np.ndarray,
                 sequence_rewards[i, t] = 0.0
                 sequence_discounts[i, t] = 0.0
                 observation_flat[i, t + 1] = observation_flat[i, t]
+
