@@ -1,4 +1,5 @@
-"""Shared test settings: hypothesis profiles sized for a 2-core machine, and the learning tests' torch thread."""
+"""Shared test settings: hypothesis profiles sized for a 2-core machine, the learning tests' torch thread, and
+a Ray runtime that survives a slow start (``tests/ray_start.py``)."""
 import os
 
 import pytest
@@ -19,3 +20,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    """A local Ray runtime (2 CPUs) for the module, started with retries (``tests.ray_start.start_ray``:
+    skipped with the reason only when Ray itself cannot start), stopped after it."""
+    import ray
+
+    from tests.ray_start import start_ray
+
+    start_ray()
+    yield
+    ray.shutdown()
+

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from packrl import EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv
+from tests.ray_start import start_ray
 
 BACKENDS = ["serial", "multiprocessing", "ray"]
 NUM_ENVS = 4
@@ -27,7 +28,7 @@ def ray_cluster():
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the creators here travel by value
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

@@ -18,6 +18,7 @@ import pytest
 
 from packrl import EnvError, UsageError, vector
 from packrl.vector.testing import CloseFails, HangingEnv, ScriptedEnv
+from tests.ray_start import start_ray
 
 SHM = Path("/dev/shm")
 CONTEXTS = ["spawn", "forkserver"]
@@ -155,7 +156,7 @@ def test_step_timeout_is_checked():
 def test_ray_close_errors_and_step_timeout():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     try:
         venv = vector.make(CloseFails, 2, backend="ray", num_workers=2)
         venv.reset(seed=0)

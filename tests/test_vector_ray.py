@@ -18,6 +18,7 @@ import ray.cloudpickle
 from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, SeededFailure, StructuredEnv
+from tests.ray_start import start_ray
 
 STEPS = 24
 
@@ -26,7 +27,7 @@ STEPS = 24
 def cluster():
     # Ray workers may not have tests/ on sys.path: the envs defined here travel by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

@@ -27,6 +27,9 @@ from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, rais
 from packrl.vector.serial import _check_batch
 
 START_TIMEOUT_S = 300.0  # actors wait for free cluster resources, then build their envs
+_OWNED_RUNTIME = {"started": False, "users": 0}
+"""Whether packrl started this process's Ray runtime (``ray.init()`` in a vector env), and how many open vector
+envs use it: the last one to close stops it. A runtime the caller started is left running."""
 CLOSE_GRACE_S = 2.0  # actors get this long to close their envs before they are killed
 ACTOR_OPTIONS = {"num_cpus": 1}  # one core per worker: Ray spreads workers over the cluster's cores
 
@@ -150,18 +153,31 @@ class RayVectorEnv(WorkerBackend):
     first; envs of a batch in increasing order) and ``send`` goes to exactly those; with
     ``batch_size == num_envs`` (the default) ``reset``/``step`` step them all and return views of
     this process's arrays. Ray is initialized with ``ray.init()`` if it is not yet (it connects to
-    ``RAY_ADDRESS`` or starts a local cluster). ``actor_options`` go to ``.options()`` of every
+    ``RAY_ADDRESS`` or starts a local cluster); a runtime started so is stopped (``ray.shutdown()``) when the
+    last vector env using it closes. ``step_timeout`` bounds steps only: a reset (often slower, and slowest
+    on a busy machine) waits up to ``reset_timeout`` (default None: as long as it takes). ``actor_options`` go to ``.options()`` of every
     actor (default ``{"num_cpus": 1}``; e.g. ``{"num_cpus": 0.5}`` to fit more workers than
     cores, or ``resources``, ``scheduling_strategy``, ``runtime_env``)."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, actor_options: dict | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, step_timeout: float | None = None):
+                 start_timeout_s: float = START_TIMEOUT_S, step_timeout: float | None = None,
+                 reset_timeout: float | None = None):
         if num_workers is not None:  # refuse a bad split before starting or joining a cluster
             _split(num_envs, int(num_workers), batch_size)
         self.step_timeout = check_step_timeout(step_timeout)
+        try:
+            self.reset_timeout = check_step_timeout(reset_timeout)
+        except UsageError:
+            raise UsageError(f"reset_timeout must be a positive number of seconds (or None), got {reset_timeout!r}") \
+                from None
+        self._resetting: set[int] = set()  # workers whose reply in flight is a reset's (waited up to reset_timeout)
         if not ray.is_initialized():
             ray.init()
+            _OWNED_RUNTIME["started"] = True
+        self._uses_runtime = _OWNED_RUNTIME["started"]
+        if self._uses_runtime:
+            _OWNED_RUNTIME["users"] += 1
         num_workers = default_workers(num_envs) if num_workers is None else int(num_workers)
         per_worker = _split(num_envs, num_workers, batch_size)
         self.num_workers, self.envs_per_worker = num_workers, per_worker
@@ -176,6 +192,7 @@ class RayVectorEnv(WorkerBackend):
             started = self._start(start_timeout_s, options)
         except BaseException:
             self._finalizer()
+            self._release_runtime()
             raise
         spec = started[0].spec
         self._setup(spec, num_envs, batch_size, seed, plan_buffers(spec, num_envs).local())
@@ -202,6 +219,7 @@ class RayVectorEnv(WorkerBackend):
         seed = self._reset_seed(seed)
         for w, actor in enumerate(self._actors):
             self._in_flight[w] = actor.reset.remote(seed)
+        self._resetting = set(self._in_flight)
         self._last = None
 
     def recv(self) -> Batch:
@@ -230,6 +248,7 @@ class RayVectorEnv(WorkerBackend):
             # .remote() serializes the rows now, so the next write to the arrays cannot race it.
             self._in_flight[w] = self._actors[w].step.remote({name: self.arrays[name][rows]
                                                               for name in self._action_names})
+            self._resetting.discard(w)
         self._last = None
 
     def _call_envs(self, request: Request) -> list:
@@ -247,7 +266,21 @@ class RayVectorEnv(WorkerBackend):
 
     def close_extras(self, **kwargs: Any) -> None:
         self._in_flight.clear()
-        raise_close_errors(self._finalizer() or [])  # after every actor is gone
+        try:
+            raise_close_errors(self._finalizer() or [])  # after every actor is gone
+        finally:
+            self._release_runtime()
+
+    def _release_runtime(self) -> None:
+        """Stop the Ray runtime when packrl started it and this was the last vector env using it."""
+        if not self._uses_runtime:
+            return
+        self._uses_runtime = False
+        _OWNED_RUNTIME["users"] -= 1
+        if _OWNED_RUNTIME["users"] <= 0 and _OWNED_RUNTIME["started"]:
+            _OWNED_RUNTIME.update(started=False, users=0)
+            if ray.is_initialized():
+                ray.shutdown()
 
     # ------------------------------------------------------------ replies
 
@@ -303,13 +336,15 @@ class RayVectorEnv(WorkerBackend):
         """The first ``need`` workers to reply, in order; with a ``step_timeout``, the workers still
         busy when it runs out are killed and the vector env fails naming their envs."""
         workers_of = {ref: w for w, ref in self._in_flight.items()}
-        ready, _ = ray.wait(list(workers_of), num_returns=need, timeout=self.step_timeout)
+        resetting = any(w in self._resetting for w in self._in_flight)
+        name, timeout = ("reset_timeout", self.reset_timeout) if resetting else ("step_timeout", self.step_timeout)
+        ready, _ = ray.wait(list(workers_of), num_returns=need, timeout=timeout)
         if len(ready) < need:
             hung = sorted(set(self._in_flight) - {workers_of[ref] for ref in ready})
             for w in hung:
                 ray.kill(self._actors[w], no_restart=True)
             self._fail(f"ray worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not finish "
-                       f"within step_timeout={self.step_timeout} s and were killed: an env hangs")
+                       f"within {name}={timeout} s and were killed: an env hangs")
         return sorted(workers_of[ref] for ref in ready)
 
     def _drain(self) -> None:
