@@ -173,7 +173,13 @@ class ReplayBuffer:
         """One vector-env step: ``observations`` the actions were taken at, then what the step returned
         (``final_observations`` is read only at rows whose episode ended). Observations must be the stored
         dtype and actions must cast to it without loss; rewards are stored as float32. Masked rows (absent
-        agents) write nothing."""
+        agents) write nothing.
+
+        Autoreset modes: SAME_STEP (packrl's default) as above. NEXT_STEP: pass the step's returned
+        observations as ``final_observations``, and ``masks=~ended`` where ``ended`` is the previous step's
+        ``terminals | truncations``, so the reset step (its action ignored, reward 0) writes nothing.
+        DISABLED: the step's returned observations as ``final_observations``; the next ``add`` starts from
+        the reset observation. All three store the same slots (``tests/test_replay_autoreset.py``)."""
         observations = self._checked_observations("observations", observations)
         actions = np.asarray(actions)
         if actions.shape != (self.num_rows, *self.actions.shape[2:]) or not np.can_cast(actions.dtype, self.actions.dtype, "safe"):
