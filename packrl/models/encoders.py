@@ -51,6 +51,12 @@ FINITE_LIMIT = 1e18
 """Bounds of larger magnitude count as infinite when scaling (float32 max is a common stand-in for inf)."""
 
 
+NORMALIZED_CLIP = 10.0
+"""Normalized observations are clipped to +-this (CleanRL's and SB3's VecNormalize clip_obs)."""
+
+NORMALIZE_EPS = 1e-8
+
+
 # ---------------------------------------------------------------- leaf encoders
 
 class Flat(nn.Module):
@@ -456,9 +462,10 @@ class LayoutEncoder(nn.Module):
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
 
-    def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None):
+    def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None, normalize: bool = False):
         super().__init__()
         self.layout, self.hidden = layout, hidden
+        self.normalize = normalize
         self.output_size = hidden
         overrides = {(k if isinstance(k, tuple) else (k,)): v for k, v in (overrides or {}).items()}
         paths: dict[tuple, list[int]] = {}
@@ -523,6 +530,16 @@ class LayoutEncoder(nn.Module):
             else (np.zeros(0),) * 3
         self.register_buffer("flat_scale", torch.as_tensor(scale, dtype=torch.float32))
         self.register_buffer("flat_shift", torch.as_tensor(shift, dtype=torch.float32))
+        if self.normalize:
+            # Running observation statistics of the bound-scaled flat features (CleanRL's NormalizeObservation,
+            # SB3's VecNormalize): flat_scale and flat_shift then hold the bounds' scaling composed with the
+            # normalization, recomputed by update_normalization, so a step costs one clamp more. Saved with the
+            # weights: eval reads observations as the run did.
+            self.register_buffer("bounds_scale", self.flat_scale.clone())
+            self.register_buffer("bounds_shift", self.flat_shift.clone())
+            self.register_buffer("obs_mean", torch.zeros(len(scale), dtype=torch.float64))
+            self.register_buffer("obs_var", torch.ones(len(scale), dtype=torch.float64))
+            self.register_buffer("obs_count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("flat_symlog", torch.as_tensor(np.asarray(symlog, bool)))
         self.flat_any_symlog = bool(np.asarray(symlog, bool).any())
 
@@ -566,7 +583,50 @@ class LayoutEncoder(nn.Module):
             x = x.float()
         if self.flat_any_symlog:
             x = torch.where(self.flat_symlog, torch.sign(x) * torch.log1p(x.abs()), x)
-        return torch.addcmul(self.flat_shift, x, self.flat_scale)
+        x = torch.addcmul(self.flat_shift, x, self.flat_scale)
+        return x.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP) if self.normalize else x
+
+    @torch.no_grad()
+    def update_normalization(self, x: torch.Tensor) -> None:
+        """Merge the flat features of observations ``x`` (rows ``(M, nbytes)``, or the Box's own rows) into the
+        running mean and variance (Chan et al.'s parallel update, as gymnasium's RunningMeanStd) and recompute the
+        composed scaling. No-op unless built with ``normalize=True`` or without flat leaves."""
+        if not self.normalize or not self.flat_size or x.shape[0] == 0:
+            return
+        saved = self.flat_scale.clone(), self.flat_shift.clone(), self.normalize
+        self.flat_scale.copy_(self.bounds_scale)
+        self.flat_shift.copy_(self.bounds_shift)
+        self.normalize = False
+        try:
+            box = self.passthrough_leaf
+            if box is not None and self._is_passthrough(x):
+                features = self._scale(x.reshape(-1, self.flat_size))
+            else:
+                check_rows(x, self.layout)
+                features = self._flat(x.reshape(-1, x.shape[-1]))
+        except BaseException:
+            self.flat_scale.copy_(saved[0])
+            self.flat_shift.copy_(saved[1])
+            raise
+        finally:
+            self.normalize = saved[2]
+        features = features.double()
+        count = float(features.shape[0])
+        mean, var = features.mean(0), features.var(0, unbiased=False)
+        total = self.obs_count + count
+        delta = mean - self.obs_mean
+        self.obs_var.copy_((self.obs_var * self.obs_count + var * count + delta ** 2 * self.obs_count * count / total)
+                           / total)
+        self.obs_mean.add_(delta * count / total)
+        self.obs_count.copy_(total)
+        self.refresh_normalization()
+
+    @torch.no_grad()
+    def refresh_normalization(self) -> None:
+        """The composed scaling from the bounds' scaling and the running statistics."""
+        inv_std = (self.obs_var + NORMALIZE_EPS).rsqrt()
+        self.flat_scale.copy_((self.bounds_scale * inv_std).float())
+        self.flat_shift.copy_(((self.bounds_shift - self.obs_mean) * inv_std).float())
 
     def _is_passthrough(self, x: torch.Tensor) -> bool:
         if torch.compiler.is_compiling():  # traced once per shape anyway; no dict for Dynamo to guard on

@@ -87,22 +87,25 @@ class Policy(nn.Module):
     @classmethod
     def from_layouts(cls, observation: Layout, action: ActionLayout | spaces.Space, network: str = "mlp",
                      hidden: int = 128, action_mask: tuple | None = None, overrides: dict | None = None,
-                     log_std_init: float = 0.0, row_bytes: int | None = None, critic: str = "shared") -> "Policy":
+                     log_std_init: float = 0.0, row_bytes: int | None = None, critic: str = "shared",
+                     normalize_observations: bool = False) -> "Policy":
         """A LayoutEncoder, a named network ("mlp", "lstm", "gru", "mingru") and a Decoder; ``critic="separate"``
-        (mlp only) builds a second encoder and network of the same shape for the value head."""
+        (mlp only) builds a second encoder and network of the same shape for the value head.
+        ``normalize_observations``: the encoder keeps running statistics of its flat features and normalizes them
+        (``update_normalization``, which PPO calls after each update)."""
         if critic not in CRITICS:
             raise EmulationError(f"critic must be one of {list(CRITICS)}, not {critic!r}")
         if critic == "separate" and network != "mlp":
             raise EmulationError(f"critic='separate' needs network='mlp' (not {network!r}): a recurrent core's state "
                                  "belongs to one trunk")
         if critic == "separate":  # one projection to [actor | critic] features, then a TwinMLP
-            encoder = LayoutEncoder(observation, 2 * hidden, overrides)
+            encoder = LayoutEncoder(observation, 2 * hidden, overrides, normalize_observations)
             with torch.no_grad():  # each half starts as its own projection would (orthogonal per path)
                 for half in encoder.project[0].weight.split(hidden):
                     nn.init.orthogonal_(half, float(np.sqrt(2)))
             net: nn.Module = TwinMLP(hidden)
         else:
-            encoder = LayoutEncoder(observation, hidden, overrides)
+            encoder = LayoutEncoder(observation, hidden, overrides, normalize_observations)
             net = make_network(network, encoder.output_size, hidden)
         decoder = Decoder(action, net.hidden_size, log_std_init)
         mask = ActionMask(observation, action_mask) if action_mask is not None else None
@@ -111,7 +114,7 @@ class Policy(nn.Module):
     @classmethod
     def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
                  overrides: dict | None = None, log_std_init: float = 0.0, use_action_mask: bool = True,
-                 critic: str = "shared") -> "Policy":
+                 critic: str = "shared", normalize_observations: bool = False) -> "Policy":
         """The policy of an emulated env (``env.emulated``): its observation Layout, ActionLayout and
         action-mask path. An env whose agents fall into several groups (different spaces) needs
         ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or ``per_group``."""
@@ -127,7 +130,7 @@ class Policy(nn.Module):
         row_bytes = g.observation.nbytes if g.observation.nbytes != emulated.nbytes else None
         return cls.from_layouts(g.observation, g.action, network, hidden,
                                 g.action_mask if use_action_mask else None, overrides, log_std_init, row_bytes,
-                                critic)
+                                critic, normalize_observations)
 
     @classmethod
     def per_group(cls, env: Any, network: str = "mlp", hidden: int = 128, **kwargs: Any) -> nn.ModuleList:
@@ -173,6 +176,24 @@ class Policy(nn.Module):
             hidden = hidden.reshape(b * t, -1)
         logits, values = self.heads(hidden, context)
         return logits.reshape(b, t, -1), values.reshape(b, t), state
+
+    def update_normalization(self, x: torch.Tensor) -> None:
+        """Merge observations ``x`` (rows, or the Box's own rows) into a normalizing encoder's statistics; else nothing."""
+        update = getattr(self.encoder, "update_normalization", None)
+        if update is not None:
+            update(x[..., : self.row_bytes] if self.row_bytes is not None else x)
+
+    def average_normalization(self, world: int) -> None:
+        """Average a normalizing encoder's statistics over ``world`` ranks (torch.distributed), so their weights and
+        buffers stay identical."""
+        encoder = self.encoder
+        if getattr(encoder, "normalize", False) and encoder.flat_size:
+            import torch.distributed as dist
+
+            for buffer in (encoder.obs_mean, encoder.obs_var):
+                dist.all_reduce(buffer)
+                buffer.div_(world)
+            encoder.refresh_normalization()
 
     def distribution(self, logits: torch.Tensor) -> Any:
         """Shorthand for ``self.decoder.distribution(logits)``."""

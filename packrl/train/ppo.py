@@ -41,6 +41,8 @@ from packrl.train.distributed import (
     rank_and_world,
 )
 from packrl.train.optimizer import adam
+from packrl.train.reward_scaling import CLIP as REWARD_CLIP
+from packrl.train.reward_scaling import RewardScaler
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -90,6 +92,7 @@ class PPOConfig:
     vtrace: bool = False  # importance-clip the advantages (rho/c) with the current policy each epoch
     rho_clip: float = 1.0
     c_clip: float = 1.0
+    normalize_rewards: bool = False  # rewards / running std of the discounted return, clipped to +-10 (reward_scaling.py)
     bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
     bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
     bf16: bool = False  # bfloat16 autocast for forward passes
@@ -203,6 +206,7 @@ class PPO:
         self.global_step = 0  # agent steps (acting rows) summed over ranks
         self.iteration = 0
         self.episodes = EpisodeTracker(self.num_rows, row_agents(vecenv))
+        self.reward_scaler = RewardScaler(self.num_rows, cfg.gamma) if cfg.normalize_rewards else None
         self._allocate_storage()
         self.reset_envs(0)
 
@@ -219,6 +223,8 @@ class PPO:
         self._send_staged()
         self._reset_state()
         self.episodes = EpisodeTracker(self.num_rows, self.episodes.agents)  # no half episode is counted
+        if self.reward_scaler is not None:
+            self.reward_scaler.reset_returns()
 
     # ------------------------------------------------------------------ storage
 
@@ -458,6 +464,9 @@ class PPO:
             self._slots["mask"][T])
         self._check_env_values()
         rewards, terminals, truncations, masks = (self._host_array(k) for k in ("reward", "terminal", "truncation", "mask"))
+        if self.reward_scaler is not None:  # the learner's rewards only: episode returns stay in the env's units
+            factor = self.reward_scaler.update(rewards, terminals | truncations, masks[:T])
+            self.train_rewards = (self.train_rewards * factor).clamp(-REWARD_CLIP, REWARD_CLIP)
         self.episodes.record(rewards, terminals | truncations, masks[:T])
         acted = int(np.count_nonzero(masks[:T]))
         acted = all_sum(acted, self.device) if self.world > 1 else acted
@@ -616,7 +625,19 @@ class PPO:
                 positions.append((epoch, first // minibatch_size))
             if cfg.target_kl is not None and _kl_statistics(kl_parts[-1:], cfg.clip_coef)["approx_kl"] > cfg.target_kl:
                 break
-        return self._update_statistics(params, losses, kl_parts, positions, returns, start_time)
+        stats = self._update_statistics(params, losses, kl_parts, positions, returns, start_time)
+        self._update_observation_statistics()
+        return stats
+
+    def _update_observation_statistics(self) -> None:
+        """A normalizing encoder's running statistics take in this rollout's acting rows (after the update, so the
+        rollout and the update that reads it saw the same statistics); averaged over ranks, so weights agree."""
+        update = getattr(self.policy, "update_normalization", None)
+        if update is None:
+            return
+        update(self.obs[self.train_masks])
+        if self.world > 1:
+            self.policy.average_normalization(self.world)
 
     def _minibatch_loss(self, b: dict[str, Any], mb: torch.Tensor | slice, mask: torch.Tensor | None,
                         normalize: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
@@ -741,6 +762,7 @@ class PPO:
         as JSON-able data (the RNG states as base64 strings)."""
         np_state = np.random.get_state()
         return {
+            **({"reward_scaling": self.reward_scaler.state()} if self.reward_scaler is not None else {}),
             "global_step": self.global_step, "iteration": self.iteration,
             "rng": {"torch": _b64(torch.get_rng_state()),
                     "cuda": [_b64(t) for t in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
@@ -756,6 +778,8 @@ class PPO:
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
         self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        if self.reward_scaler is not None and "reward_scaling" in state:
+            self.reward_scaler.load(state["reward_scaling"])
         self.reset_envs(self.iteration)
         rng = state["rng"]
         torch.set_rng_state(_unb64(rng["torch"]))
