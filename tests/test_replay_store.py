@@ -320,6 +320,30 @@ def test_an_index_pointing_outside_the_buffer_is_refused(tmp_path, name, index, 
         ReplayBuffer.load(path)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_resigned_byte_change_of_the_arrays_loads_or_is_a_checkpoint_error(tmp_path, data):
+    """Fuzz: bytes of replay.safetensors changed anywhere (header or data), hashes recomputed. The load either
+    succeeds with a buffer whose index is sound (it samples, stacks and sequences without reading outside
+    the storage) or raises CheckpointError; never another exception."""
+    _, path = _dict_buffer(tmp_path / str(data.draw(st.integers(0, 10**9))), frame_stack=2)
+    raw = bytearray((path / ARRAYS).read_bytes())
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    for _ in range(data.draw(st.integers(1, 4))):
+        where = data.draw(st.one_of(st.integers(0, header_end - 1), st.integers(0, len(raw) - 1)))
+        raw[where] = data.draw(st.integers(0, 255))
+    (path / ARRAYS).write_bytes(bytes(raw))
+    _resign(path)
+    try:
+        loaded = ReplayBuffer.load(path)
+    except CheckpointError as err:
+        assert "\n" not in str(err)
+        return
+    if loaded.transitions:
+        loaded.sample(8, 3)
+        loaded.sample_sequences(4, 5)
+
+
 def test_missing_folder_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="no replay.json"):
         ReplayBuffer.load(tmp_path / "nowhere")

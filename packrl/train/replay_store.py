@@ -67,7 +67,9 @@ def save_buffer(buffer: Any, path: str | Path) -> Path:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     metadata["sha256"] = manifest_sha256(metadata)
-    (path / METADATA).write_text(json.dumps(metadata, indent=2))
+    tmp = path / (METADATA + ".tmp")
+    tmp.write_text(json.dumps(metadata, indent=2))
+    tmp.replace(path / METADATA)  # a crash leaves the old metadata, whose hash then refuses the new arrays
     return path
 
 
