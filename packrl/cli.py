@@ -244,15 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             return commands.train.run(args, config)
         return commands.check.run(args, config)
     except PackrlError as err:
-        print(f"packrl {args.command}: {' '.join(str(err).splitlines()) if _is_config(err) else err}",
-              file=sys.stderr)
+        from packrl.run_folders import error_line
+
+        print(f"packrl {args.command}: {error_line(err)}", file=sys.stderr)  # one line, control characters escaped
         return 2
-
-
-def _is_config(err: Exception) -> bool:
-    from packrl.errors import UsageError
-
-    return isinstance(err, UsageError)
 
 
 def _preset_line(preset: Preset | None, config: dict) -> str:

@@ -44,6 +44,17 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def error_line(err: BaseException) -> str:
+    """An error as one printable line: its text with line breaks joined, or, for an error carrying an env's
+    traceback, its first line and the traceback's last (the exception the env raised)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and (getattr(err, "env_traceback", None) or any(ln.startswith("Traceback") for ln in lines)):
+        text = f"{lines[0].rstrip(':')}: {lines[-1]}"
+    else:
+        text = " ".join(lines) or type(err).__name__
+    return printable(text)
+
+
 def check_name(name: str) -> str:
     """``name`` when it is one path component of letters, digits, '.', '_' and '-' (not '.' or '..'), else RunError."""
     if not NAME.fullmatch(name) or name in (".", ".."):

@@ -355,3 +355,14 @@ def test_a_second_ctrl_c_names_the_last_checkpoint_and_the_resume_command(tmp_pa
     assert "second Ctrl-C" in text and f"the last checkpoint is {out / 'checkpoint'} (step 32)" in text, text
     assert f"continue with: packrl train --resume {out}" in text, text
     assert read_metadata(out / "checkpoint")["global_step"] == 32
+
+
+@pytest.mark.parametrize("command", ["eval", "inspect", "train"])
+def test_error_lines_escape_control_characters(tmp_path, capsys, command):
+    where = str(tmp_path / "no\x1b[2Jsuch\nrun")
+    argv = {"eval": ["eval", where], "inspect": ["inspect", where],
+            "train": ["train", "--resume", where, "--no-live"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2J" in err
+    _one_line(err)

@@ -91,7 +91,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
                                      episodes=episodes)
     except (EvaluationError, EnvError) as err:  # the env or its episodes, not the command line: exit 1
         last = [line for line in str(err).strip().splitlines() if line.strip()][-1].strip()
-        print(f"packrl eval: {last}", file=sys.stderr)
+        print(f"packrl eval: {printable(last)}", file=sys.stderr)
         return 1
     finally:
         vecenv.close()

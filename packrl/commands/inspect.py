@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except PackrlError as err:
-        print(f"packrl inspect: {printable(' '.join(str(err).split()))}", file=sys.stderr)
+        from packrl.run_folders import error_line
+
+        print(f"packrl inspect: {error_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -64,7 +64,9 @@ def run(args: argparse.Namespace, config: dict) -> int:
     try:
         return train_run(config, options, Console()).code
     except PackrlError as err:
-        print(f"packrl train: {err}", file=sys.stderr)
+        from packrl.run_folders import error_line
+
+        print(f"packrl train: {error_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -447,14 +447,11 @@ def error_line(error: BaseException, ppo: Any) -> str:
     """One line for an error that stopped training: where (iteration, rollout step when known, agent steps)
     and what. An env's error is its header and the last line of its traceback (the traceback itself goes to
     history.jsonl, not to the terminal)."""
-    text = str(error).strip()
-    if text.startswith("iteration "):  # the NaN guard's message names them already
-        return " ".join(text.split())
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if getattr(error, "env_traceback", None) or (len(lines) > 1 and any(ln.startswith("Traceback") for ln in lines)):
-        what = f"{lines[0].rstrip(':')}: {lines[-1]}"
-    else:
-        what = " ".join(lines) or type(error).__name__
+    from packrl.run_folders import error_line as one_line
+
+    what = one_line(error)
+    if what.startswith("iteration "):  # the NaN guard's message names them already
+        return what
     where = f"iteration {ppo.iteration + 1}"
     step = _rollout_step(error)
     if step is not None:
