@@ -151,12 +151,13 @@ def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool =
     env, the dict and the agent. ``shared_info``: infos is one info for all agents (packrl's Tuple-agents
     adapter hands over its gymnasium env's info as it is)."""
     obs, rewards, terminations, truncations, infos = checked_step(result, env, parallel=True)
+    wanted = set(live)  # compared with each dict's keys in C
     for name, value in (("observations", obs), ("rewards", rewards), ("terminations", terminations),
                         ("truncations", truncations), ("infos", infos)):
         if not isinstance(value, dict):
             raise ReturnShapeError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
                                  "keyed by agent")
-        if name != "observations" and not (shared_info and name == "infos"):
+        if name != "observations" and not (shared_info and name == "infos") and not value.keys() >= wanted:
             missing = [agent for agent in live if agent not in value]
             if missing:
                 raise ReturnShapeError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
