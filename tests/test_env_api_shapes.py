@@ -146,3 +146,28 @@ def test_check_files_a_refused_env_value_under_its_heading(make, heading, text):
     assert [c for c, _ in failed] == [heading], report.rows
     assert text in failed[0][1] and "env 0" in failed[0][1]
     assert report.results["sampled actions accepted by the env"][0] == "skip"
+
+
+class OldTupleAgents(gym.Env):
+    """Two agents in Tuple spaces, on the pre-0.26 gym API (reset returns the observation alone, step 4 values)."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(3)))
+    action_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(2)))
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def reset(self, seed=None, options=None):
+        return (0, 0) if self.mode == "reset" else ((0, 0), {})
+
+    def step(self, action):
+        return (1, 1), [0.0, 0.0], [False, False], {}
+
+
+@pytest.mark.parametrize("mode, message", [("reset", r"reset\(\) returned info=0 \(int\); it must be a dict.*pre-0\.26 gym API"),
+                                           ("step", r"step\(\) returned a tuple of 4 values.*pre-0\.26 gym API")])
+def test_the_tuple_agents_adapter_names_the_old_api(mode, message):
+    env = emulate(OldTupleAgents(mode), agents="tuple")
+    with pytest.raises(EmulationError, match=message):
+        env.reset(seed=0)
+        env.step(np.zeros(2, np.int64))

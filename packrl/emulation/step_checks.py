@@ -123,7 +123,8 @@ def checked_reset(result: Any, env: Any, parallel: bool = False) -> tuple[Any, d
                              f"(observation{'s' if parallel else ''}, info{'s' if parallel else ''}){old}")
     obs, info = result
     if type(info) is not dict and not isinstance(info, dict):
-        raise ReturnShapeError(f"{env_name(env)}: reset() returned info={_value(info)}; it must be a dict")
+        raise ReturnShapeError(f"{env_name(env)}: reset() returned info={_value(info)}; it must be a dict (if "
+                               f"reset() returned only an observation that is a pair: {OLD_GYM})")
     return obs, info
 
 

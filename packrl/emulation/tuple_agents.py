@@ -22,7 +22,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from packrl.emulation.step_checks import checked_flag, env_name
+from packrl.emulation.step_checks import checked_flag, checked_info, checked_reset, checked_step, env_name
 from packrl.errors import EmulationError
 
 
@@ -55,7 +55,7 @@ class TupleAgents:
         return self._action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = checked_reset(self.env.reset(seed=seed, options=options), self.env)
         self.agents = list(self.possible_agents)
         self._last_action = [None] * self.num_entries
         return dict(zip(self.possible_agents, self._entries(obs, "observation"))), info
@@ -64,7 +64,12 @@ class TupleAgents:
         for i, agent in enumerate(self.possible_agents):
             if agent in actions:
                 self._last_action[i] = actions[agent]
-        obs, reward, terminated, truncated, info = self.env.step(tuple(self._last_action))
+        result = self.env.step(tuple(self._last_action))
+        if type(result) is not tuple or len(result) != 5:
+            result = checked_step(result, self.env)
+        obs, reward, terminated, truncated, info = result
+        if not isinstance(info, dict):
+            checked_info(info, self.env)
         obs = self._entries(obs, "observation")
         rewards = dict(zip(self.possible_agents, self._entries(reward, "reward")))
         terminations = dict(zip(self.possible_agents, self._flags(terminated, "terminated")))
