@@ -133,6 +133,10 @@ class PolicyConfig:
         "the value head's trunk: shared with the actor, or separate (its own encoder and mlp; mlp network only)"))
     decoder: Literal["default"] = field(default="default", metadata=_meta(
         "action heads from the action layout (masked when the env has an action mask)"))
+    normalize_observations: bool = field(default=False, metadata=_meta(
+        "normalize the flat observation features by running mean and variance (kept with the weights)"))
+    log_std_init: float = field(default=0.0, metadata=_meta(
+        "initial log standard deviation of Box action heads (state-independent, learned)", Range(-5.0, 2.0)))
     overrides: dict = field(default_factory=dict, metadata=_meta(
         "per-leaf encoders: a table of 'leaf/path' = flat, embedding, cnn, nature, impala, cells, words or drop",
         check=_check_overrides))

@@ -133,6 +133,39 @@ PRESETS: tuple[Preset, ...] = (
         {"policy": {"hidden": 64},
          "train": {"num_steps": 25, "learning_rate": 7e-4, "anneal_lr": False, "update_epochs": 10,
                    "num_minibatches": 1, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99, "gae_lambda": 0.95}},
+    ),    Preset(
+        "pendulum",
+        "Pendulum: rl-zoo's PPO with a separate critic and reward scaling (continuous actions)",
+        "rl-baselines3-zoo hyperparams/ppo.yml, Pendulum-v1: n_envs 4, n_steps 1024, batch_size 64 (4 * 1024 / 64 = "
+        "64 minibatches), gae_lambda 0.95, gamma 0.9, n_epochs 10, ent_coef 0.0, learning_rate 1e-3, clip_range 0.2, "
+        "no value clipping (SB3's clip_range_vf=None), SB3's MlpPolicy with separate actor and critic networks "
+        "(policy.critic = separate). Not taken: use_sde (packrl's Box head has a state-independent log-std). Added: "
+        "observation normalization and reward scaling (CleanRL's ppo_continuous_action wrappers). "
+        "benchmarks/learning.py's continuous table measures it",
+        ("Pendulum-*",),
+        {"vec": {"num_envs": 4},
+         "policy": {"hidden": 64, "critic": "separate", "normalize_observations": True},
+         "train": {"num_steps": 1024, "num_minibatches": 64, "update_epochs": 10, "gamma": 0.9, "gae_lambda": 0.95,
+                   "learning_rate": 1e-3, "anneal_lr": True, "ent_coef": 0.0, "clip_coef": 0.2, "clip_vloss": False,
+                   "normalize_rewards": True}},
+    ),
+    Preset(
+        "continuous-control",
+        "Box actions (MuJoCo and other continuous control): CleanRL's ppo_continuous_action settings; chosen for any "
+        "gymnasium env whose action space is or holds a Box",
+        "CleanRL ppo_continuous_action.py (its MuJoCo defaults): 1 env, 2048 steps, 32 minibatches, 10 epochs, "
+        "learning rate 3e-4 annealed, gamma 0.99, gae_lambda 0.95, clip 0.2 with value clipping (in the scaled "
+        "rewards' units), ent_coef 0.0, vf_coef 0.5, max_grad_norm 0.5, separate actor and critic of 64 units, "
+        "state-independent log-std starting at 0, NormalizeObservation and NormalizeReward (both clipped at 10): "
+        "policy.normalize_observations and train.normalize_rewards here",
+        ("MountainCarContinuous-*", "LunarLanderContinuous-*", "BipedalWalker*", "HalfCheetah-*", "Hopper-*",
+         "Walker2d-*", "Ant-*", "Humanoid-*", "HumanoidStandup-*", "Swimmer-*", "Reacher-*", "Pusher-*",
+         "InvertedPendulum-*", "InvertedDoublePendulum-*"),
+        {"vec": {"num_envs": 1},
+         "policy": {"hidden": 64, "critic": "separate", "normalize_observations": True, "log_std_init": 0.0},
+         "train": {"num_steps": 2048, "num_minibatches": 32, "update_epochs": 10, "learning_rate": 3e-4,
+                   "anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "clip_vloss": True,
+                   "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "normalize_rewards": True}},
     ),
 )
 
@@ -152,8 +185,41 @@ def get(name: str) -> Preset:
 
 
 def for_env(env_id: str) -> Preset | None:
-    """The preset of ``env_id``'s family, or None (plain defaults) for an env no preset knows."""
-    return next((p for p in PRESETS if p.matches(env_id)), None)
+    """The preset of ``env_id``'s family, or None (plain defaults) for an env no preset knows. An id no pattern
+    matches that names a registered gymnasium env whose action space is or holds a Box gets continuous-control."""
+    preset = next((p for p in PRESETS if p.matches(env_id)), None)
+    if preset is None and has_box_actions(env_id):
+        return get("continuous-control")
+    return preset
+
+
+def has_box_actions(env_id: str) -> bool:
+    """Whether ``env_id`` is a registered gymnasium id (no ``module:`` prefix: nothing is imported for it) whose
+    env's action space is a Box or a Dict/Tuple holding one. The env is made and closed to read its space."""
+    import gymnasium as gym
+
+    if ":" in env_id or gym.registry.get(env_id) is None:
+        return False
+    try:
+        env = gym.make(env_id)
+    except Exception:  # noqa: BLE001 - an env that cannot be made here has no preset; training reports why
+        return False
+    try:
+        return _holds_box(env.action_space)
+    finally:
+        env.close()
+
+
+def _holds_box(space: object) -> bool:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Box):
+        return True
+    if isinstance(space, spaces.Dict):
+        return any(_holds_box(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return any(_holds_box(s) for s in space.spaces)
+    return False
 
 
 def choose(choice: str, env_id: str) -> Preset | None:

@@ -31,7 +31,8 @@ def test_presets_are_chosen_from_the_env_id():
         "pettingzoo.classic.connect_four_v3": "pettingzoo-classic",
         "pettingzoo.butterfly.knights_archers_zombies_v11": "parallel-multiagent",
         "pettingzoo.sisl.pursuit_v4": "parallel-multiagent", "mpe2.simple_spread_v3": "parallel-multiagent",
-        "Pendulum-v1": None, "my_envs:make": None, "Acrobot-v1": None,
+        "Pendulum-v1": "pendulum", "MountainCarContinuous-v0": "continuous-control", "HalfCheetah-v5": "continuous-control",
+        "my_envs:make": None, "Acrobot-v1": None, "MountainCar-v0": None,
     }
     for env_id, name in expected.items():
         preset = presets.for_env(env_id)
@@ -75,7 +76,7 @@ def test_classic_control_is_rl_zoo_cartpole():
 
 def test_precedence_defaults_preset_file_flags(tmp_path):
     default_steps = settings()["train.num_steps"].default
-    config, preset = parsed(["train", "Pendulum-v1"])
+    config, preset = parsed(["train", "Acrobot-v1"])
     assert preset is None and "num_steps" not in config["train"] and default_steps == 128
     config, preset = parsed(["train", "CartPole-v1"])
     assert preset.name == "classic-control" and config["train"]["num_steps"] == 32
@@ -129,3 +130,26 @@ def test_the_config_lists_exactly_the_encoders_the_models_build():
     from packrl.models.encoders import CHOICES
 
     assert LEAF_ENCODERS == (*CHOICES, "drop")
+
+
+def test_an_unknown_gymnasium_id_with_box_actions_gets_the_continuous_preset():
+    """No pattern names it: its action space (a Dict holding a Box) chooses continuous-control; Discrete actions
+    choose nothing, and a module:function id is never made to look."""
+    import gymnasium as gym
+    import numpy as np
+
+    class Reach(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.Dict({"move": gym.spaces.Box(-1, 1, (2,), np.float32), "grip": gym.spaces.Discrete(2)})
+
+    class Pick(Reach):
+        action_space = gym.spaces.Discrete(3)
+
+    gym.register("PackrlReach-v0", entry_point=Reach)
+    gym.register("PackrlPick-v0", entry_point=Pick)
+    try:
+        assert presets.for_env("PackrlReach-v0").name == "continuous-control"
+        assert presets.for_env("PackrlPick-v0") is None
+        assert presets.for_env("tests.nowhere:PackrlReach-v0") is None
+    finally:
+        del gym.registry["PackrlReach-v0"], gym.registry["PackrlPick-v0"]

@@ -53,6 +53,11 @@ def checked_config(metadata: dict, file: Path) -> dict:
         raise bad("policy.hidden", f"is {hidden!r}; expected an integer from 1 to {MAX_HIDDEN}")
     if policy["encoder"] != "layout" or policy["decoder"] != "default":
         raise bad("policy.encoder", "must be 'layout' and policy.decoder 'default'")
+    if type(policy["normalize_observations"]) is not bool:
+        raise bad("policy.normalize_observations", f"is {policy['normalize_observations']!r}; expected true or false")
+    log_std = policy["log_std_init"]
+    if type(log_std) not in (int, float) or not -5.0 <= log_std <= 2.0:
+        raise bad("policy.log_std_init", f"is {log_std!r}; expected a number from -5 to 2")
     overrides = policy["overrides"] or {}
     if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in LEAF_ENCODERS for k, v in overrides.items()):
         raise bad("policy.overrides", f"must map leaf paths to one of {list(LEAF_ENCODERS)}")

@@ -131,7 +131,9 @@ def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
     overrides = {tuple(_path_key(k) for k in path.split("/")): choice
                  for path, choice in (policy_config.get("overrides") or {}).items()}
     return Policy.from_env(vecenv, network=policy_config["network"], hidden=int(policy_config["hidden"]),
-                           overrides=overrides or None, critic=policy_config.get("critic", "shared"))
+                           overrides=overrides or None, critic=policy_config.get("critic", "shared"),
+                           normalize_observations=bool(policy_config.get("normalize_observations", False)),
+                           log_std_init=float(policy_config.get("log_std_init", 0.0)))
 
 
 def _path_key(part: str) -> Any:
