@@ -171,3 +171,39 @@ def test_the_tuple_agents_adapter_names_the_old_api(mode, message):
     with pytest.raises(EmulationError, match=message):
         env.reset(seed=0)
         env.step(np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("step4", r"step\(\) returned 4 values: this is the pre-0\.26 gym API.*found by gymnasium's gymnasium\.wrappers"),
+    ("reset_obs_only", r"reset\(\) returned .*ndarray.*pre-0\.26 gym API"),
+])
+def test_an_old_api_env_inside_gymnasium_make_is_named(mode, message):
+    """gymnasium.make wraps the env (TimeLimit unpacks its step): the wrapper's raw unpacking error is named."""
+    gym.register("PackrlOldApi-v0", entry_point=OldApi, kwargs={"mode": mode}, max_episode_steps=50)
+    try:
+        env = emulate(gym.make("PackrlOldApi-v0", disable_env_checker=True))
+        with pytest.raises(EmulationError, match=message):
+            env.reset(seed=0)
+            env.step(np.zeros(1, np.int64))
+        venv = vector.make(lambda: gym.make("PackrlOldApi-v0", disable_env_checker=True), 2, backend="serial")
+        try:
+            with pytest.raises(EnvError, match=message):
+                venv.reset(seed=0)
+                venv.step(np.zeros(2, np.int64))
+        finally:
+            venv.close()
+    finally:
+        del gym.registry["PackrlOldApi-v0"]
+
+
+def test_an_env_s_own_value_error_is_not_renamed():
+    class Raises(OldApi):
+        def step(self, action):
+            a, b = (1, 2, 3)  # noqa: F841 - the env's own bug
+            return super().step(action)
+
+    env = emulate(Raises("ok"))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="too many values to unpack") as caught:
+        env.step(np.zeros(1, np.int64))
+    assert not isinstance(caught.value, EmulationError)

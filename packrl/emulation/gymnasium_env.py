@@ -17,6 +17,7 @@ from packrl.emulation.step_checks import (
     checked_reset,
     checked_reward,
     checked_step,
+    old_api_error,
 )
 from packrl.env_protocol import BlockPosition
 from packrl.errors import EmulationError, ObservationError
@@ -57,7 +58,13 @@ class GymnasiumEmulation(EmulatedRows):
         return bool(self.terminals[0] or self.truncations[0])
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        result = self.env.reset(seed=seed, options=options)
+        try:
+            result = self.env.reset(seed=seed, options=options)
+        except ValueError as err:  # a gymnasium wrapper unpacking an old-API env: named, else the env's own error
+            named = old_api_error(err, self.env, "reset")
+            if named is None:
+                raise
+            raise named from err
         if type(result) is not tuple or len(result) != 2 or type(result[1]) is not dict:
             result = checked_reset(result, self.env)
         obs, info = result
@@ -74,7 +81,13 @@ class GymnasiumEmulation(EmulatedRows):
         if native is None:
             native = self.emulated.action.checked_decode(_single(actions, self.emulated.action.kind),
                                                          who=f" (agent {AGENT})")
-        result = self.env.step(native)
+        try:
+            result = self.env.step(native)
+        except ValueError as err:  # a gymnasium wrapper unpacking an old-API env: named, else the env's own error
+            named = old_api_error(err, self.env, "step")
+            if named is None:
+                raise
+            raise named from err
         if type(result) is not tuple or len(result) != 5:
             result = checked_step(result, self.env)
         obs, reward, terminated, truncated, info = result
@@ -118,8 +131,12 @@ class GymnasiumEmulation(EmulatedRows):
         try:
             for env, native in zip(envs, natives):
                 results.append(env.env.step(native))
-        except BaseException:  # KeyboardInterrupt too: the caller names the env it stopped
+        except BaseException as err:  # KeyboardInterrupt too: the caller names the env it stopped
             position.index = len(results)
+            if isinstance(err, ValueError):  # a gymnasium wrapper unpacking an old-API env: named
+                named = old_api_error(err, envs[len(results)].env, "step")
+                if named is not None:
+                    raise named from err
             raise
         if not all([type(r) is tuple and len(r) == 5 and type(r[4]) is dict for r in results]):
             _check_block_results(envs, results, position)

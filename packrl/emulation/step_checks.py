@@ -20,6 +20,7 @@ backend reports them as ``EnvError`` with the env index, like any error an env r
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -101,9 +102,9 @@ def checked_reward(value: Any, env: Any, finite: bool = True, who: str = "", hin
 # ---------------------------------------------------------------- the shapes of reset and step
 
 
-OLD_GYM = ("this is the pre-0.26 gym API; wrap the env with gymnasium's compatibility wrapper "
-           "(pip install shimmy; shimmy.GymV21CompatibilityV0(env=env), or "
-           "gymnasium.make('GymV21Environment-v0', env_id=...))")
+WRAP_OLD_GYM = ("wrap the env with gymnasium's compatibility wrapper (pip install shimmy; "
+                "shimmy.GymV21CompatibilityV0(env=env), or gymnasium.make('GymV21Environment-v0', env_id=...))")
+OLD_GYM = f"this is the pre-0.26 gym API; {WRAP_OLD_GYM}"
 
 
 def _returned(result: Any) -> str:
@@ -117,7 +118,7 @@ def checked_reset(result: Any, env: Any, parallel: bool = False) -> tuple[Any, d
     and what it returned (an observation alone is the pre-0.26 gym API; a 2-key Dict observation is never
     taken apart as if it were the pair)."""
     if type(result) is not tuple or len(result) != 2:
-        old = "; an observation alone is what the pre-0.26 gym API returned: " + OLD_GYM \
+        old = f"; an observation alone is the pre-0.26 gym API: {WRAP_OLD_GYM}" \
             if not isinstance(result, tuple) and not parallel else ""
         raise ReturnShapeError(f"{env_name(env)}: reset() returned {_returned(result)}; the API returns a tuple "
                              f"(observation{'s' if parallel else ''}, info{'s' if parallel else ''}){old}")
@@ -168,3 +169,27 @@ def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool =
         if not isinstance(info, dict):
             checked_info(info, env, "step()", who=f" (agent {agent!r})")
     return obs, rewards, terminations, truncations, infos
+
+
+_UNPACK = re.compile(r"(not enough|too many) values to unpack \(expected (\d+)(?:, got (\d+))?\)")
+
+
+def old_api_error(err: ValueError, env: Any, method: str) -> ReturnShapeError | None:
+    """A ReturnShapeError for a ValueError that a gymnasium wrapper (TimeLimit, OrderEnforcing, ...) raised
+    unpacking the return of the env inside it (``gymnasium.make`` wraps every env): the pre-0.26 gym API one
+    layer down. None for any other ValueError, which is the env's own."""
+    match = _UNPACK.fullmatch(str(err))
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    if match is None or not module.startswith("gymnasium."):
+        return None
+    got = match.group(3)
+    if method == "step" and got == "4":
+        what = f"step() returned 4 values: {OLD_GYM}"
+    elif method == "reset" and match.group(1) in ("too many", "not enough"):
+        what = f"reset() did not return (observation, info); an observation alone is the pre-0.26 gym API: {WRAP_OLD_GYM}"
+    else:
+        what = f"{method}() returned {got or 'more than ' + match.group(2)} values where {match.group(2)} are expected"
+    return ReturnShapeError(f"{env_name(env)}: {what} (found by gymnasium's {module} unpacking it)")
