@@ -103,25 +103,33 @@ def _print(checkpoint: str, metadata: dict, tensors: dict, problem: str | None, 
     from rich.table import Table
 
     console = Console()
+    below: list[tuple[str, str]] = []  # --full: fields too long to lay out in a table, printed plainly after it
 
-    def shown(value: Any) -> str:
-        return escape(_text(value, full))
+    def shown(value: Any, name: str = "") -> str:
+        text = _text(value, full)
+        if full and len(text) > FIELD_CHARS and name:
+            below.append((name, text))
+            return escape(f"({len(text):,} characters, printed in full below the table)")
+        return escape(text)
 
     summary = Table(title=escape(printable(f"checkpoint {checkpoint}")), show_header=False)
     summary.add_column("field", style="bold")
     summary.add_column("value", overflow="fold")
     for key in SUMMARY_FIELDS:
         if key in metadata:
-            summary.add_row(key, shown(metadata[key]))
+            summary.add_row(key, shown(metadata[key], key))
     summary.add_row("hashes", "[green]match[/green]" if problem is None else f"[red]{escape(printable(problem))}[/red]")
     for key, value in metadata.items():
         if key not in SUMMARY_FIELDS and key not in ("layouts", "optimizer"):
-            summary.add_row(escape(_text(key, full)), shown(value))
+            summary.add_row(escape(_text(key, full)), shown(value, _text(key, full)))
     if metadata.get("optimizer") is not None:
         groups = metadata["optimizer"].get("param_groups", []) if isinstance(metadata["optimizer"], dict) else []
         summary.add_row("optimizer", escape(f"{len(groups)} param group(s): ") + shown(
             [{k: v for k, v in g.items() if k != 'params'} for g in groups if isinstance(g, dict)]))
     console.print(summary)
+    for name, text in below:  # rich would take minutes to fold megabytes into a cell
+        sys.stdout.write(f"{name}:\n{text}\n")
+    sys.stdout.flush()
     for name, layout in (metadata.get("layouts") or {}).items():
         console.print(_layout_table(name, layout, escape, full))
     table = Table(title=f"tensors in {len(tensors)} entries")
