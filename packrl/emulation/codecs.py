@@ -7,6 +7,7 @@ function that returns a codec.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import pickle
@@ -57,7 +58,7 @@ class LeafCodec(ABC):
 
     kind: ClassVar[str] = ""
     kinds: ClassVar[dict[str, type["LeafCodec"]]] = {}
-    subclass_hint: str = ""  # set by codec_for: added to this codec's refusals (a subclass packed as its base)
+    subclass_hint: str = ""  # given by codec_for: the pack paths add it to this codec's refusals (see refused)
     stores_input: ClassVar[bool] = False
     bounds_only: ClassVar[bool] = False  # see check_is_bounds
     takes_python_ints: ClassVar[bool] = False
@@ -141,35 +142,20 @@ class LeafCodec(ABC):
         """The value the original space would produce (a copy), from the unpacked form."""
         return np.array(unpacked) if len(self.fields) == 1 else tuple(np.array(v) for v in unpacked)
 
+    def rounding_floats(self) -> "LeafCodec":
+        """This codec, letting float values be rounded into narrower float fields
+        (``Layout.from_space(round_floats=True)``): a new codec where that changes anything."""
+        return self
+
+    def refused(self, err: EmulationError) -> EmulationError:
+        """A refusal of ``check`` as the pack paths raise it: with ``subclass_hint`` where there is one."""
+        return EmulationError(f"{err}; {self.subclass_hint}") if self.subclass_hint else err
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LeafCodec) and self.spec() == other.spec()
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("check", None)  # a subclass hint's wrapper is made again where the codec is unpickled
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if state.get("subclass_hint"):
-            _add_subclass_hint(self, state["subclass_hint"])
-
     def __hash__(self) -> int:
         return hash(json.dumps(self.spec(), sort_keys=True))
-
-
-def _add_subclass_hint(codec: "LeafCodec", hint: str) -> None:
-    """Make ``codec``'s refusals end with ``hint`` (this codec only: the others keep the plain check)."""
-    codec.subclass_hint = hint
-    check = type(codec).check
-
-    def hinted(value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
-        try:
-            return check(codec, value, path, batch)
-        except EmulationError as err:
-            raise EmulationError(f"{err}; {hint}") from None
-
-    codec.check = hinted  # type: ignore[method-assign]
 
 
 def _stored_column(codec: LeafCodec, column: list, path: tuple) -> np.ndarray:
@@ -277,7 +263,7 @@ def codec_for(space: spaces.Space, path: tuple) -> LeafCodec:
             codec = builder(space)
             if cls is not type(space):
                 sub = type(space)
-                _add_subclass_hint(codec, f"the space is {sub.__module__}.{sub.__qualname__}, packed as its base "
+                codec.subclass_hint = (f"the space is {sub.__module__}.{sub.__qualname__}, packed as its base "
                                           f"class {cls.__qualname__}; if its samples differ from {cls.__qualname__}'s, "
                                           f"register a codec for it: packrl.emulation.register_space("
                                           f"{sub.__qualname__}, builder) (see the README)")
@@ -372,6 +358,13 @@ class BoxCodec(LeafCodec):
         dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
         low, high = decode_array(spec["low"], dtype, shape), decode_array(spec["high"], dtype, shape)
         return cls(spaces.Box(low=low, high=high, shape=shape, dtype=dtype), spec.get("round_floats", False))
+
+    def rounding_floats(self) -> "BoxCodec":
+        if self.round_floats:
+            return self
+        twin = copy.copy(self)
+        twin.round_floats = True
+        return twin
 
     def check(self, value: Any, path: tuple, batch: tuple = ()) -> tuple[np.ndarray, ...]:
         if type(value) is np.ndarray and value.dtype == self.dtype and value.shape == batch + self.shape:

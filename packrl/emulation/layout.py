@@ -9,6 +9,7 @@ when it moves to the compiled pack) is its ``Packer``'s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import weakref
@@ -51,13 +52,14 @@ class Leaf:
         return format_path(self.path) + (f".{self.field}" if self.field else "")
 
 
-def _split_space(space: spaces.Space, path: tuple) -> Any:
+def _split_space(space: spaces.Space, path: tuple, round_floats: bool = False) -> Any:
     """One node of a space, for ``tree.build``: its children, or its leaf's codec."""
     if isinstance(space, spaces.Dict):
         return "dict", tuple(space.spaces.keys()), tuple(space.spaces.values())
     if isinstance(space, spaces.Tuple):
         return "tuple", (), space.spaces
-    return _checked_fields(codec_for(space, path), path)
+    codec = codec_for(space, path)
+    return _checked_fields(codec.rounding_floats() if round_floats else codec, path)
 
 
 def _checked_fields(codec: LeafCodec, path: tuple) -> LeafCodec:
@@ -115,8 +117,8 @@ class Layout:
         self.box = leaves[0] if type(root) is LeafNode and isinstance(space, spaces.Box) else None
         self._key = json.dumps(self.to_dict(), sort_keys=True)
         self.packer = Packer(root, leaves, nbytes, self.gaps, self._key)
-        self._last: tuple = (None, None)  # (weakref to a buffer, its BoundRows): reused when packed again
-        self._unflatten_fn: Any = None
+        self._unflatten_fn = _unflatten_function(root)
+        self._last: tuple = (None, None)  # (weakref to a buffer, its BoundRows), see _bound_rows
 
     @classmethod
     def from_space(cls, space: spaces.Space, round_floats: bool = False) -> "Layout":
@@ -124,11 +126,7 @@ class Layout:
 
         ``round_floats=True`` lets float64 values be rounded into float32 leaves (off by default:
         a value that does not survive the conversion exactly is refused)."""
-        root = build(space, _split_space)
-        if round_floats:
-            for _, node in iter_leaves(root):
-                if hasattr(node.codec, "round_floats"):
-                    node.codec.round_floats = True
+        root = build(space, functools.partial(_split_space, round_floats=round_floats))
         return cls(space, root, *_place_leaves(root))
 
     # ------------------------------------------------------------ pack
@@ -142,14 +140,10 @@ class Layout:
             if compiled is None or not compiled.pack(sample, out.reshape(1, -1), 0):
                 self.packer.write(sample, self.packer.views(out, ()), ())
             return out
-        ref, bound = self._last
-        if ref is None or ref() is not out:
-            bound = self._bound(out)  # checks a buffer the first time it is seen
+        bound = self._bound_rows(out)
         if bound.batch:
             raise EmulationError(f"pack writes one row: expected 1-d rows, got shape {out.shape} (use pack_batch)")
-        fast = bound._fast  # BoundRows.pack inlined: this is the hot call of a user's own row
-        if fast is None or not fast(sample, bound._rows2d, 0):
-            bound._pack_cold(sample, fast is None)
+        bound.pack(sample)
         return out
 
     def compiled_pack(self) -> Any:
@@ -193,31 +187,26 @@ class Layout:
 
     def unpack(self, buf: np.ndarray) -> Any:
         """Views of ``buf`` (``(nbytes,)`` or ``(..., nbytes)`` uint8) in the space's own structure."""
-        ref, bound = self._last
-        if ref is None or ref() is not buf:
-            bound = self._bound(buf)  # checks a buffer the first time it is seen
-        if bound.copy_tree is not None:
-            return bound.copy_tree()
-        return (self._unflatten_fn or self._make_unflatten())(bound.views)
+        return self._bound_rows(buf).unpack()
 
     def unflatten(self, leaf_values: list) -> Any:
         """Rebuild the space's structure from one value per leaf (in ``self.leaves`` order)."""
-        return (self._unflatten_fn or self._make_unflatten())(leaf_values)
+        return self._unflatten_fn(leaf_values)
 
-    def _make_unflatten(self) -> Any:
-        self._unflatten_fn = _unflatten_function(self.root)
-        return self._unflatten_fn
+    def _bound_rows(self, buf: np.ndarray) -> BoundRows:
+        """``bind(buf)``, kept for the next call with the same array of the same shape (emulators and
+        users pack and read the same rows every step; binding costs a view per leaf). The bound rows
+        hold only views of ``buf``: a call behaves exactly as through a fresh ``bind``."""
+        ref, bound = self._last
+        if ref is None or ref() is not buf or bound.shape != buf.shape:
+            bound = self.bind(buf)  # checks the buffer
+            self._last = (weakref.ref(buf), bound)
+        return bound
 
     def to_native(self, unpacked: Any) -> Any:
         """Copies of the values the space itself produces (strings for Text, numpy scalars for Discrete)."""
         return unflatten(self.root, [node.codec.to_native(value) for (_, node), value
                                      in zip(self.packer.leaf_nodes, flatten(self.root, unpacked))])
-
-    def _bound(self, buf: np.ndarray) -> BoundRows:
-        """Bind ``buf`` and keep it as the last buffer seen (emulators pack the same rows every step)."""
-        bound = self.bind(buf)
-        self._last = (weakref.ref(buf), bound)
-        return bound
 
     # ------------------------------------------------------------ plain data
 
@@ -250,8 +239,12 @@ class Layout:
         return cls.from_dict(data)
 
     def __getstate__(self) -> dict:
-        # the views of the last buffer do not travel; the generated unflatten is made again where used
-        return {**self.__dict__, "_last": (None, None), "_unflatten_fn": None}
+        # generated code does not pickle (made again on arrival); the views of the last buffer do not travel
+        return {**self.__dict__, "_unflatten_fn": None, "_last": (None, None)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._unflatten_fn = _unflatten_function(self.root)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self._key == other._key

@@ -102,7 +102,12 @@ class Packer:
         """Check ``sample`` (one, or one batched structure for a batch of rows): flatten it, each
         leaf's codec checks its value, then write every field. Nothing is written when it is refused."""
         values = flatten(self.root, sample, "batched items" if batch else "items")
-        checked = [codec.check(value, path, batch) for (path, codec, _), value in zip(self.checks, values)]
+        checked = []
+        for (path, codec, _), value in zip(self.checks, values):
+            try:
+                checked.append(codec.check(value, path, batch))
+            except EmulationError as err:
+                raise codec.refused(err) from None
         if self.one_field:  # leaf i is view i
             for view, arrays in zip(views, checked):
                 view[...] = arrays[0]
@@ -163,9 +168,16 @@ class Packer:
             except (TypeError, ValueError):
                 pass
             else:
-                codec.check(view, path, (n,))  # ranges and bounds, once for the whole batch
+                try:
+                    codec.check(view, path, (n,))  # ranges and bounds, once for the whole batch
+                except EmulationError as err:
+                    raise codec.refused(err) from None
                 return
-        for leaf_id, arr in zip(node.leaf_ids, codec.check_column(column, path)):
+        try:
+            arrays = codec.check_column(column, path)
+        except EmulationError as err:
+            raise codec.refused(err) from None
+        for leaf_id, arr in zip(node.leaf_ids, arrays):
             views[leaf_id][...] = arr
 
 
@@ -177,7 +189,8 @@ class BoundRows:
     def __init__(self, packer: Packer, rows: np.ndarray, unflatten: Any):
         packer.check_buffer(rows, batch_ndim=None)
         self.packer, self.rows = packer, rows
-        self.batch = rows.shape[:-1]
+        self.shape, self.batch = rows.shape, rows.shape[:-1]
+        self._unflatten = unflatten
         self.views = packer.views(rows, self.batch)
         self.tree = unflatten(self.views)
         # a Dict of plain leaves unpacks as a copy of this tree: the same views in a new dict, made in C
@@ -189,6 +202,10 @@ class BoundRows:
         self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable \
             else None
         self._fast: Any = None  # the compiled pack, once the layout is hot
+
+    def unpack(self) -> Any:
+        """The rows' views in the space's structure, as a new structure (``tree`` is made once)."""
+        return self.copy_tree() if self.copy_tree is not None else self._unflatten(self.views)
 
     def pack(self, sample: Any) -> None:
         """Check and write one sample. Nothing is written when the sample is refused."""

@@ -33,7 +33,10 @@ class BoxRow:
         self.codec, self.view = codec, view
 
     def pack(self, obs: Any) -> None:
-        self.view[...] = self.codec.check(obs, ())[0]
+        try:
+            self.view[...] = self.codec.check(obs, ())[0]
+        except EmulationError as err:
+            raise self.codec.refused(err) from None
 
 
 class EmulatedRows:
@@ -130,8 +133,14 @@ def _stacked(codec: Any, observations: tuple, position: BlockPosition) -> np.nda
         for k, obs in enumerate(observations):
             try:
                 codec.check(obs, ())
+            except EmulationError as err:
+                position.index = k
+                raise codec.refused(err) from None
             except Exception:
                 position.index = k
                 raise
         stacked = np.array(observations)
-    return codec.check(stacked, (), (len(observations),))[0]
+    try:
+        return codec.check(stacked, (), (len(observations),))[0]
+    except EmulationError as err:
+        raise codec.refused(err) from None
