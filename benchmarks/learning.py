@@ -16,6 +16,16 @@ one not met its gap in this run's numbers (benchmarks/targets.py): the median ru
 rollouts, updates (minibatch count, ms each) and the rest, and what they would have to cost to fit.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/learning.py [--quick] [--seeds 3] [--tasks cartpole-gym,...]
+
+The continuous table (issue 30), ``--continuous``: Pendulum-v1 and MountainCarContinuous-v0 (HalfCheetah-v5 and
+Hopper-v5 by name in ``--tasks``, 1M steps each: hours on 2 cores). Three contenders per task, one after the other:
+``packrl train ENV`` (its preset: pendulum or continuous-control), SB3 PPO with rl-zoo's hyperparameters for the
+task (gSDE where the zoo uses it; ``normalize: true`` as VecNormalize; MuJoCo: the zoo's v3 settings) and the
+CleanRL-style ``ppo_continuous_action`` loop with its own defaults (benchmarks/train_continuous.py). Same rule:
+the threshold on the moving mean of the last finished training episodes (env units, sampled actions), then a
+20-episode greedy evaluation at the budget; the Targets table checks issue 30's.
+
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/learning.py --continuous [--tasks pendulum,sb3-pendulum,...]
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ import torch
 from common import machine_line, print_table, setting_changes, summary
 from targets import Split, Target, median_index, print_targets, seeds_target, wall_ratio_target, wall_target
 from train import CleanRLArgs, cleanrl_ppo
+from train_continuous import ContinuousArgs, cleanrl_ppo_continuous, greedy_returns_continuous
 
 TASKS = {  # name: (env id, threshold, step budget, finished episodes in the moving mean)
     "cartpole-gym": ("CartPole-v1", 475.0, 100_000, 20),
@@ -37,6 +48,16 @@ TASKS = {  # name: (env id, threshold, step budget, finished episodes in the mov
     "gridworld": ("gridworld", 0.8, 100_000, 200),
     "cartpole-numba": ("cartpole", 475.0, 100_000, 20),
 }
+# issue 30's continuous tasks: packrl's defaults as TASKS; "sb3-NAME" and "cleanrl-NAME" are the other contenders.
+# Windows: Pendulum's 200-step episodes end 20 per packrl iteration; MountainCarContinuous's up to 999 steps, ~100
+# of them in 100k steps
+CONTINUOUS = {
+    "pendulum": ("Pendulum-v1", -200.0, 100_000, 20),
+    "mountaincar-continuous": ("MountainCarContinuous-v0", 90.0, 100_000, 10),
+    "halfcheetah": ("HalfCheetah-v5", 1500.0, 1_000_000, 10),
+    "hopper": ("Hopper-v5", 2000.0, 1_000_000, 10),
+}
+CONTINUOUS_DEFAULT = ("pendulum", "mountaincar-continuous")
 
 
 @dataclass
@@ -244,6 +265,101 @@ def sb3_run(seed: int, threshold: float, budget: int) -> Result:
     return Result(steps, seconds, float(np.mean(window)), float(mean), int(model.num_timesteps))
 
 
+# rl-baselines3-zoo hyperparams/ppo.yml (commit 00128b5 as stored): keyword arguments of SB3's PPO, n_envs,
+# whether the zoo normalizes (VecNormalize, its gamma the task's, as rl-zoo passes it) and the zoo's n_timesteps.
+# MuJoCo: the zoo's tuned v3 settings, run on v5
+SB3_ZOO = {
+    "Pendulum-v1": (dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
+                         clip_range=0.2, use_sde=True, sde_sample_freq=4), 4, False, 100_000),
+    "MountainCarContinuous-v0": (dict(batch_size=256, n_steps=8, gamma=0.9999, learning_rate=7.77e-05, ent_coef=0.00429,
+                                      clip_range=0.1, n_epochs=10, gae_lambda=0.9, max_grad_norm=5, vf_coef=0.19,
+                                      use_sde=True, policy_kwargs=dict(log_std_init=-3.29, ortho_init=False)),
+                                 1, True, 20_000),
+    "HalfCheetah-v5": (dict(batch_size=64, n_steps=512, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                            clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+                            policy_kwargs="relu256"), 1, True, 1_000_000),
+    "Hopper-v5": (dict(batch_size=32, n_steps=512, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519,
+                       clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671,
+                       policy_kwargs="relu256"), 1, True, 1_000_000),
+}
+
+
+def sb3_continuous_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int) -> Result:
+    """SB3 PPO with rl-zoo's settings for ``env_id`` (SB3_ZOO), the threshold on the last ``window_size`` Monitor
+    episode returns (env units) after each rollout; the greedy eval through the frozen VecNormalize statistics."""
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    kwargs, n_envs, normalize, _ = SB3_ZOO[env_id]
+    kwargs = dict(kwargs)
+    if kwargs.get("policy_kwargs") == "relu256":
+        kwargs["policy_kwargs"] = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                                       net_arch=dict(pi=[256, 256], vf=[256, 256]))
+    start = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    if normalize:
+        env = VecNormalize(env, gamma=kwargs["gamma"])
+    model = SB3PPO("MlpPolicy", env, seed=seed, device="cpu", **kwargs)
+    window: deque = deque(maxlen=window_size)
+    hit: list = []
+
+    class Stop(BaseCallback):
+        def _on_step(self) -> bool:
+            window.extend(info["episode"]["r"] for info in self.locals["infos"] if "episode" in info)
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if not hit and len(window) == window_size and np.mean(window) >= threshold:
+                hit.append((self.num_timesteps, time.perf_counter() - start))
+
+    model.learn(budget, callback=Stop())
+    eval_env = make_vec_env(env_id, n_envs=1, seed=10_000)
+    if normalize:
+        eval_env = VecNormalize(eval_env, gamma=kwargs["gamma"], training=False, norm_reward=False)
+        eval_env.obs_rms = env.obs_rms
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=True)
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(mean),
+                  int(model.num_timesteps))
+
+
+def cleanrl_continuous_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int) -> Result:
+    """The CleanRL-style ppo_continuous_action loop with its defaults, the threshold as cleanrl_run's."""
+    window: deque = deque(maxlen=window_size)
+    hit: list = []
+    start = time.perf_counter()
+
+    def callback(global_step: int, returns: list[float]) -> None:
+        window.extend(returns)
+        if not hit and len(window) == window_size and np.mean(window) >= threshold:
+            hit.append((global_step, time.perf_counter() - start))
+
+    agent, total_steps, stats = cleanrl_ppo_continuous(env_id, budget, seed, ContinuousArgs(), callback)
+    steps, seconds = hit[0] if hit else (None, None)
+    return Result(steps, seconds, float(np.mean(window)) if window else float("nan"),
+                  float(np.mean(greedy_returns_continuous(agent, env_id, stats, 20, seed=10_000))), total_steps)
+
+
+def continuous_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
+    """Issue 30's targets for the continuous tasks in ``runs``: packrl's defaults on every seed, training and eval."""
+    targets = []
+    for task, (env_id, threshold, budget, _) in CONTINUOUS.items():
+        if task in runs:
+            targets.append(seeds_target(f"{env_id}, defaults", threshold, budget, runs[task], eval_too=True))
+    return targets
+
+
+def continuous_contender(task: str) -> tuple[str, str]:
+    """``("sb3" | "cleanrl" | "packrl", continuous task name)`` for a continuous --tasks entry."""
+    for prefix in ("sb3", "cleanrl"):
+        if task.startswith(prefix + "-") and task[len(prefix) + 1:] in CONTINUOUS:
+            return prefix, task[len(prefix) + 1:]
+    return "packrl", task
+
+
 # issue 21's targets: CartPole 3/3 seeds at 475 within 100k steps, its wall to threshold <= 3 s with the Numba env and
 # <= 0.5x SB3 zoo's with the gymnasium env; gridworld 3/3 at 0.8; the games at their threshold within the stated budget
 CARTPOLE_STEPS, NUMBA_WALL, SB3_WALL_RATIO = 100_000, 3.0, 0.5
@@ -292,8 +408,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--budget", type=int, default=None, help="agent steps per run for every task (default: the task's)")
-    parser.add_argument("--tasks", default=",".join([*TASKS, "sb3-cartpole", *CLEANRL]),
-                        help="also: tictactoe, connect_four (minutes a seed, so not in the default set)")
+    parser.add_argument("--tasks", default=None,
+                        help="default: the discrete tasks (with --continuous: the continuous ones); also: tictactoe, "
+                        "connect_four (minutes a seed, so not in the default set), halfcheetah, hopper and their "
+                        "sb3-/cleanrl- contenders (1M steps)")
+    parser.add_argument("--continuous", action="store_true", help="the continuous table (issue 30): --tasks defaults to "
+                        "packrl, SB3 zoo and the CleanRL-style loop on Pendulum-v1 and MountainCarContinuous-v0")
     parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
     parser.add_argument("--network", choices=("preset", "sb3"), default="preset",
                         help="packrl CartPole/gridworld tasks: the preset's policy, or SB3's MlpPolicy network (separate "
@@ -301,9 +421,14 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the presets of the packrl tasks (a sweep), e.g. train.vf_coef=1.0")
     args = parser.parse_args()
-    unknown = [t for t in args.tasks.split(",") if t not in {*TASKS, *GAMES, "sb3-cartpole", *CLEANRL}]
+    continuous = [f"{p}{t}" for t in CONTINUOUS for p in ("", "sb3-", "cleanrl-")]
+    if args.tasks is None:
+        args.tasks = ",".join([f"{p}{t}" for t in CONTINUOUS_DEFAULT for p in ("", "sb3-", "cleanrl-")] if args.continuous
+                              else [*TASKS, "sb3-cartpole", *CLEANRL])
+    known = [*TASKS, "sb3-cartpole", *CLEANRL, *GAMES, *continuous]
+    unknown = [t for t in args.tasks.split(",") if t not in known]
     if unknown:
-        parser.error(f"--tasks: unknown task {unknown[0]!r} (known: {', '.join([*TASKS, 'sb3-cartpole', *CLEANRL, *GAMES])})")
+        parser.error(f"--tasks: unknown task {unknown[0]!r} (known: {', '.join(known)})")
     changes = setting_changes(args.set)
     torch.set_num_threads(1)
     seeds = range(args.first_seed, args.first_seed + (2 if args.quick else args.seeds))
@@ -312,9 +437,23 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
           "20 finished training episodes (gridworld: 200) >= threshold; each run goes on to its budget; final = "
           "the moving mean and a 20-episode greedy eval at the budget\n")
-    rows, medians, runs = [], {}, {}
+    rows, medians, runs, continuous_rows = [], {}, {}, []
     for task in args.tasks.split(","):
-        if task in GAMES:
+        if task in continuous:
+            contender, name_of = continuous_contender(task)
+            env_id, threshold, budget, window = CONTINUOUS[name_of]
+            budget = args.budget or int(budget * scale)
+            if contender == "sb3":  # the zoo's own n_timesteps when shorter (MountainCarContinuous: 20k)
+                budget = args.budget or int(min(budget, SB3_ZOO[env_id][3]) * scale)
+                name = f"SB3 zoo, {env_id}"
+                results = [sb3_continuous_run(env_id, seed, threshold, budget, window) for seed in seeds]
+            elif contender == "cleanrl":
+                name = f"CleanRL-style ppo_continuous_action, {env_id}"
+                results = [cleanrl_continuous_run(env_id, seed, threshold, budget, window) for seed in seeds]
+            else:
+                name = f"packrl defaults, {env_id}" + "".join(f" {s}" for s in args.set)
+                results = [packrl_run(env_id, seed, threshold, budget, window, changes) for seed in seeds]
+        elif task in GAMES:
             env_id, threshold, metric, budget, _ = GAMES[task]
             budget = args.budget or int(budget * scale)
             name = f"packrl defaults, {task} vs random ({metric})" + "".join(f" {s}" for s in args.set)
@@ -338,11 +477,18 @@ def main() -> None:
                   f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}", flush=True)
         solved = sum(r.steps is not None for r in results)
         medians[task] = statistics.median([r.seconds for r in results if r.seconds is not None] or [float("nan")])
-        rows.append([name, f">= {threshold:g} in {budget:,}", f"{solved}/{len(results)}",
+        (continuous_rows if task in continuous else rows).append([name, f">= {threshold:g} in {budget:,}", f"{solved}/{len(results)}",
                      summary([r.steps for r in results]), summary([r.seconds for r in results]),
                      summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])])
-    print_table("Steps and seconds to threshold: median [min-max]", ["contender", "threshold", "solved", "steps",
-                "seconds", "final moving mean", "final eval"], rows)
+    columns = ["contender", "threshold", "solved", "steps", "seconds", "final moving mean", "final eval"]
+    if rows:
+        print_table("Steps and seconds to threshold: median [min-max]", columns, rows)
+    if continuous_rows:
+        print_table("Continuous control, steps and seconds to threshold: median [min-max]", columns, continuous_rows)
+        for task in CONTINUOUS:
+            for anchor, label in ((f"sb3-{task}", "SB3 zoo"), (f"cleanrl-{task}", "CleanRL-style")):
+                if np.isfinite(medians.get(task, np.nan)) and np.isfinite(medians.get(anchor, np.nan)):
+                    print(f"wall to threshold, {task} / {label}: {medians[task] / medians[anchor]:.2f}x (median / median)")
     anchors = {"sb3-cartpole": "SB3 zoo", "cleanrl-zoo": "CleanRL-style file, zoo"}
     pairs = [(task, anchor) for anchor in anchors for task in ("cartpole-gym", "cartpole-numba")]
     for task, anchor in [*pairs, ("cleanrl-zoo", "sb3-cartpole")]:
@@ -351,7 +497,10 @@ def main() -> None:
     print()
     if changes or args.network != "preset":
         print("note: the targets are for the defaults; this run changed the packrl tasks' settings")
-    print_targets(learning_targets(runs))
+    if rows:
+        print_targets(learning_targets(runs))
+    if continuous_rows:
+        print_targets(continuous_targets(runs), title="Targets (issue 30)")
 
 
 if __name__ == "__main__":
