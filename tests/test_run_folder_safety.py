@@ -239,6 +239,8 @@ def test_the_policy_memory_budget(run, capsys):
         vecenv.close()
     assert main(["eval", str(run), "--episodes", "1", "--max-policy-gib", "1e-7"]) == 2
     assert "more than the budget" in _one_line(capsys.readouterr().err)
+    assert main(["train", "--resume", str(run), "--total-steps", "192", "--no-live", "--max-policy-gib", "1e-7"]) == 2
+    assert "more than the budget" in _one_line(capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------- inspect

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--overwrite", action="store_true", help="replace an existing run folder of that name")
     run.add_argument("--resume", metavar="RUN_OR_CHECKPOINT",
                      help="continue a run (its folder, or one of its checkpoints) where its checkpoint left it")
+    run.add_argument("--max-policy-gib", type=positive_float, default=2.0, metavar="GIB",
+                     help="with --resume: refuse a checkpoint whose policy would take more than this (default 2; "
+                          "a policy may also take at most 4x its weights file)")
     run.add_argument("--checkpoint-every", type=positive_int, metavar="STEPS",
                      help="save a periodic checkpoint every STEPS agent steps")
     run.add_argument("--checkpoint-minutes", type=non_negative_float, default=10.0, metavar="MIN",
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace, config: dict) -> int:
         device_given="train.device" in given,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
         live=not args.no_live, tensorboard=args.tensorboard, log_seconds=args.log_seconds,
-        versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None))
+        versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None),
+        max_policy_bytes=int(args.max_policy_gib * (1 << 30)))
     if args.resume is not None:
         fixed = sorted(given - RESUME_CHANGEABLE)
         fixed += ["--config"] if getattr(args, "config", None) else []

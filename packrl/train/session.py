@@ -79,6 +79,7 @@ class RunOptions:
     versus_every: int = 10  # iterations between win-rate checks (two-player zero-sum games; 0: never)
     versus_games: int = 20
     preamble: str | None = None  # a line printed once the run is set up (the CLI's preset line)
+    max_policy_bytes: int = 2 << 30  # with resume: the largest policy a checkpoint may rebuild
 
 
 @dataclass
@@ -330,7 +331,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     code, error = EXIT_OK, None
     try:
         if resume_state is not None:  # shapes and memory checked against the weights before anything is allocated
-            check_architecture(vecenv, config["policy"], checkpoint_folder(checkpoint_path) / WEIGHTS)
+            check_architecture(vecenv, config["policy"], checkpoint_folder(checkpoint_path) / WEIGHTS,
+                               options.max_policy_bytes)
         policy = make_policy(vecenv, config["policy"])
         ppo = PPO(vecenv, policy, cfg)
         if resume_state is not None:
