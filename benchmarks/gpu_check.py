@@ -239,6 +239,8 @@ def main() -> None:
         check_kernel("cpu", T=33, N=300)
         return
     cuda = args.device == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)  # as packrl train on CPU: a second thread on a shared 2-core machine only waits
     if cuda and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU machine, or pass --device cpu / --interpret")
     if cuda:
