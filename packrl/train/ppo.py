@@ -205,6 +205,7 @@ class PPO:
         self.num_rows = vecenv.num_agents
         self.global_step = 0  # agent steps (acting rows) summed over ranks
         self.iteration = 0
+        self.rollout_step: int | None = None  # the step collect() is at, None outside a rollout
         self.episodes = EpisodeTracker(self.num_rows, row_agents(vecenv))
         self.reward_scaler = RewardScaler(self.num_rows, cfg.gamma) if cfg.normalize_rewards else None
         self._allocate_storage()
@@ -439,6 +440,7 @@ class PPO:
                 self._capture_graphs()
             step = self._policy_step if self._spec is not None else self._user_decoder_step
             for t in range(T):
+                self.rollout_step = t  # where an error that stops the rollout left it (session.error_line)
                 if recurrent and t % self.horizon == 0:
                     self.segment_states.append(tuple(s.clone() for s in self.state))
                 if self._graphs:
@@ -456,6 +458,7 @@ class PPO:
                 self._put(t + 1, "obs", obs)
                 self._put(t + 1, "mask", env.masks)
                 self._put(t + 1, "start", np.logical_or(terminals, truncations))
+        self.rollout_step = None
         self._send_staged()
         self.next_value = self._bootstrap_values()
         # rows waiting for their turn after the rollout: their pending decision waits for the next rollout's data

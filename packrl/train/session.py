@@ -455,22 +455,10 @@ def error_line(error: BaseException, ppo: Any) -> str:
     if what.startswith("iteration "):  # the NaN guard's message names them already
         return what
     where = f"iteration {ppo.iteration + 1}"
-    step = _rollout_step(error)
+    step = getattr(ppo, "rollout_step", None)
     if step is not None:
         where += f", rollout step {step}"
     return f"{where} (after {ppo.global_step:,} agent steps): {what}"
-
-
-def _rollout_step(error: BaseException) -> int | None:
-    """The rollout step ``PPO.collect`` was at when ``error`` left it (its loop variable), or None."""
-    tb = error.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name == "collect" and code.co_filename.endswith(os.path.join("train", "ppo.py")):
-            t = tb.tb_frame.f_locals.get("t")
-            return t if type(t) is int else None
-        tb = tb.tb_next
-    return None
 
 
 def _newest_saved(folder: Path) -> tuple[Path, int] | None:
