@@ -2,7 +2,7 @@
 source of a value.
 
 A run's config has four sections, ``env``, ``vec``, ``policy`` and ``train``. Their fields are the dataclasses
-below, and ``train`` is ``total_steps`` plus every field of ``packrl.train.ppo.PPOConfig`` (read with
+below, and ``train`` is ``total_steps`` plus every field of ``packrl.hyperparameters.PPOConfig`` (read with
 ``dataclasses.fields``, so a new PPOConfig field is a setting, a flag and a TOML key at once). Each field is a
 ``Setting`` (type, default, range, help). Config files, presets and command-line flags all pass through
 ``Setting.check`` (typed values) or ``Setting.parse`` (flag text), which refuse what does not fit with a
@@ -149,7 +149,7 @@ class RunConfig:
     total_steps: int = field(default=100_000, metadata=_meta("agent steps to train for", POSITIVE_INT))
 
 
-# Help and ranges of PPOConfig's fields (PPOConfig lives in packrl.train.ppo; a field missing here still
+# Help and ranges of PPOConfig's fields (PPOConfig lives in packrl.hyperparameters; a field missing here still
 # becomes a setting, with the comment beside it in ppo.py as its help).
 TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
     "num_steps": ("rollout length per row, per iteration", POSITIVE_INT),
@@ -376,7 +376,7 @@ def _field_comments(cls: type) -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def settings() -> dict[str, Setting]:
     """Every setting by key (``"train.gamma"``), in section order."""
-    from packrl.train.ppo import PPOConfig
+    from packrl.hyperparameters import PPOConfig
 
     out: list[Setting] = []
     out += _dataclass_settings("env", EnvConfig)

@@ -14,8 +14,6 @@ import ast
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import packrl
 
 ROOT = Path(packrl.__file__).parent
@@ -143,8 +141,6 @@ def describe_units(cycle: list[str], units: dict[str, dict[str, tuple[str, int]]
         + f" -> {cycle[-1]}"
 
 
-@pytest.mark.xfail(strict=True, reason="packrl.config imports packrl.train.ppo (lazily) for PPOConfig, and train "
-                                       "imports config: PPOConfig has to move below train (issue 28)")
 def test_packrl_packages_import_one_way():
     units = package_graph(import_graph(ROOT))
     assert "packrl.emulation" in units and "packrl.train" in units  # the walk found the packages

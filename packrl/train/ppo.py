@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from packrl.errors import PackrlError
+from packrl.hyperparameters import PPOConfig
 from packrl.models.distributions import ActionSpec
 from packrl.nativize import torch_dtype
 from packrl.train.advantage import compute_advantages, cut_pending_decisions
@@ -69,42 +70,6 @@ def hold_cuda_to_deterministic_algorithms() -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-@dataclass
-class PPOConfig:
-    """Hyperparameters, with CleanRL's names and defaults (Atari/CartPole PPO)."""
-
-    num_steps: int = 128  # rollout length per row
-    learning_rate: float = 2.5e-4
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    norm_adv: bool = True
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None
-    vtrace: bool = False  # importance-clip the advantages (rho/c) with the current policy each epoch
-    rho_clip: float = 1.0
-    c_clip: float = 1.0
-    normalize_rewards: bool = False  # rewards / running std of the discounted return, clipped to +-10 (reward_scaling.py)
-    bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
-    bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
-    bf16: bool = False  # bfloat16 autocast for forward passes
-    cuda_graphs: bool = True  # on CUDA, each rollout step's forward + sampling replayed as a captured CUDA graph
-    compile: bool = False  # torch.compile the minibatch loss (and the rollout forward off CPU); seconds to compile
-    seed: int = 0
-    device: str = "auto"  # "auto": cuda when present, else cpu
-
-    def resolve_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
 
 
 @dataclass
