@@ -328,6 +328,22 @@ def test_multiprocessing_spawn_workers_get_the_registration(registered):
         env.close()
 
 
+def test_ray_actors_get_the_registration(registered, ray_runtime):
+    """Ray actors, like spawned workers, receive the driver's registered builders by import name. The builders'
+    module must be importable there: this one is on pytest's path, handed to the actors through their
+    runtime_env, as a user does for a module outside the workers' path."""
+    import os
+    from pathlib import Path
+
+    path = os.pathsep.join([str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])])
+    env = vector.make(make_env, 2, backend="ray", num_workers=2, seed=0,
+                      actor_options={"runtime_env": {"env_vars": {"PYTHONPATH": path}}})
+    try:
+        run_backend(env)
+    finally:
+        env.close()
+
+
 MAIN_SCRIPT = '''
 import numpy as np
 from packrl import vector

@@ -20,6 +20,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
+from packrl.emulation.codecs import registrations, restore_registrations
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
@@ -77,15 +78,18 @@ class Reply:
 class RayWorker:
     """The actor: envs ``first_env .. first_env + num_envs - 1`` over local arrays of its rows."""
 
-    def __init__(self, worker_id: int, first_env: int, num_envs: int, env_creator: Callable[[], Any]):
+    def __init__(self, worker_id: int, first_env: int, num_envs: int, env_creator: Callable[[], Any],
+                 travelled: tuple = ((), ())):
         self.worker_id, self.first, self.num_envs = worker_id, first_env, num_envs
         self.creator = env_creator
+        self.travelled = travelled  # the driver's register_space builders, by import name (codecs.registrations)
         self.envs: list = []
 
     def start(self) -> Started | Failure:
         """Build the envs (inside a method, not ``__init__``, so a failing creator comes back as
         a ``Failure`` with the env index rather than as a dead actor)."""
         k = 0
+        restore_registrations(self.travelled)  # before the envs: their layouts may need the user's leaf types
         try:
             for k in range(self.num_envs):
                 self.envs.append(build_env(self.creator))
@@ -184,11 +188,12 @@ class RayVectorEnv(WorkerBackend):
         options = {**ACTOR_OPTIONS, **(actor_options or {})}
         actor = ray.remote(RayWorker).options(**options)
         creator = ray.put(env_creator)  # pickled once, not once per actor
+        travelled = registrations()
         self._actors: list = []
         self._finalizer = weakref.finalize(self, _shutdown, self._actors)
         try:
             for w in range(num_workers):
-                self._actors.append(actor.remote(w, w * per_worker, per_worker, creator))
+                self._actors.append(actor.remote(w, w * per_worker, per_worker, creator, travelled))
             started = self._start(start_timeout_s, options)
         except BaseException:
             self._finalizer()
