@@ -172,6 +172,9 @@ def _per_env(infos: Any, n: int) -> list:
     return [{} for _ in range(n)] if isinstance(infos, dict) else infos
 
 
+SB3_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
 def _sb3_leaves(layout: Any, skip: tuple = ()) -> dict[str, tuple[Any, spaces.Space]]:
     """Leaf name -> (leaf, the space SB3 is shown). A 0-d Box leaf is shown with shape (1,) (SB3
     flattens from the second axis); leaves SB3 cannot take are refused by name unless skipped."""
@@ -185,8 +188,9 @@ def _sb3_leaves(layout: Any, skip: tuple = ()) -> dict[str, tuple[Any, spaces.Sp
         if key in skip:
             continue
         where = f"observation leaf {key!r} ({space})"
-        if leaf.field is not None or isinstance(space, spaces.Text):
-            raise UsageError(f"{where}: SB3 has no Text observations; leave it out with skip=({key!r},)")
+        if leaf.field is not None or not isinstance(space, SB3_SPACES):
+            raise UsageError(f"{where}: SB3 takes Box, Discrete, MultiDiscrete and MultiBinary observations (no strings, "
+                             f"no leaf of several fields); leave it out with skip=({key!r},)")
         if isinstance(space, spaces.Discrete) and int(space.start) != 0:
             raise UsageError(f"{where}: SB3 one-hots Discrete observations from 0; start={int(space.start)} would be "
                              "read as another value")

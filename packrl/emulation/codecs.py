@@ -64,6 +64,7 @@ class LeafCodec(ABC):
     takes_python_ints: ClassVar[bool] = False
     categorical: ClassVar[bool] = False
     is_string: ClassVar[bool] = False
+    encoders: ClassVar[tuple[str, ...]] = ()  # the built-in encoders its leaves take, the default first; () numeric
     native_is_stored: ClassVar[bool] = False  # see stored_is_native
     vocab: int = 0
     bounds: Bounds | None = None
@@ -510,6 +511,7 @@ class _StringCodec(LeafCodec):
     """Shared storage of string leaves: ``chars`` (max_length,) padded with zeros, ``length`` int32."""
 
     is_string = True
+    encoders = ("words", "embedding")  # bags of hashed words and word pairs; characters embedded and mean-pooled
 
     max_length: int
     min_length: int = 0

@@ -14,7 +14,8 @@ its kind and concatenates the embeddings into one ``Linear + ReLU`` projection t
 
 ``overrides={path: choice}`` changes one leaf: ``"drop"`` (or None) leaves it out, a name
 (``"flat"``, ``"embedding"``, ``"cnn"``, ``"nature"``, ``"impala"``, ``"cells"``, ``"words"``) picks a built-in encoder, and an
-``nn.Module`` is used as is (it gets the leaf tensor ``(B, *shape)``, or a ``TextView`` for strings,
+``nn.Module`` is used as is (it gets the leaf tensor ``(B, *shape)``, or the codec's view of its fields for a leaf of
+several: ``(chars, length)`` for strings,
 and needs an ``output_size`` attribute). ``NativeEncoder`` runs a plain module on the nativized
 structure instead.
 
@@ -31,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from packrl.emulation.codecs import TextView
 from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
@@ -147,7 +147,8 @@ class TextEncoder(nn.Module):
         self.vocab = vocab
         self.output_size = dim
 
-    def forward(self, text: TextView) -> torch.Tensor:
+    def forward(self, text: Any) -> torch.Tensor:
+        """``text``: a string leaf's ``(chars, length)`` view."""
         chars, length = text.chars, text.length.reshape(-1, 1)
         emb = self.table(chars.long().clamp(0, self.vocab - 1))  # (B, L, dim)
         positions = torch.arange(chars.shape[-1], device=chars.device)
@@ -182,7 +183,7 @@ class WordEncoder(nn.Module):
         self.table = nn.Embedding(buckets, dim)  # words and word pairs share it: one lookup, one backward
         self.output_size = 2 * dim
 
-    def word_hashes(self, text: TextView) -> tuple[torch.Tensor, torch.Tensor]:
+    def word_hashes(self, text: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hashes (B, W), words (B,))``: each word's hash in ``[0, MODULUS)``, in order, and the word count."""
         chars, length = text.chars.long().clamp(0, self.last_code), text.length.reshape(-1, 1).long()
         if not torch.compiler.is_compiling():  # only up to the longest string of the batch
@@ -202,7 +203,7 @@ class WordEncoder(nn.Module):
             hashes = F.pad(hashes, (0, 2 - hashes.shape[-1]))
         return hashes, count
 
-    def forward(self, text: TextView) -> torch.Tensor:
+    def forward(self, text: Any) -> torch.Tensor:
         hashes, count = self.word_hashes(text)
         slots = torch.arange(hashes.shape[-1], device=hashes.device)
         count = count.reshape(-1, 1)
@@ -342,7 +343,7 @@ def impala_cnn(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Modu
 
 def image_channels_last(leaf: Leaf) -> bool | None:
     """True (HxWxC), False (CxHxW) or None (not an image) for a 3-d uint8 or bool Box leaf."""
-    if leaf.codec.categorical or leaf.codec.is_string or len(leaf.shape) != 3 or leaf.dtype not in (np.uint8, np.bool_):
+    if leaf.codec.categorical or leaf.codec.encoders or len(leaf.shape) != 3 or leaf.dtype not in (np.uint8, np.bool_):
         return None
     a, b, c = leaf.shape
     if a == b or c <= 4:
@@ -374,8 +375,8 @@ gridworld's 50 bytes). Larger images get a conv trunk."""
 
 def default_choice(leaf: Leaf) -> str:
     """The built-in encoder a leaf gets without an override (``leaf``: its first field)."""
-    if leaf.codec.is_string:
-        return "words"
+    if leaf.codec.encoders:  # the codec names its own (strings: words)
+        return leaf.codec.encoders[0]
     if len(leaf.codec.fields) > 1:  # a registered leaf of several fields: each field read as numbers
         return "flat"
     if leaf.codec.categorical:
@@ -397,17 +398,18 @@ def build_leaf_encoder(leaf: Leaf | list[Leaf], choice: str) -> nn.Module:
     where = f"leaf {format_path(leaf.path)}"
     if choice not in CHOICES:
         raise ValueError(f"{where}: unknown encoder {choice!r}; choose one of {CHOICES}, 'drop', or pass an nn.Module")
-    if choice == "flat" and not leaf.codec.is_string:
+    own = leaf.codec.encoders
+    if choice == "flat" and not own:
         return Flat(fields)
-    if len(fields) > 1 and not leaf.codec.is_string:
+    if len(fields) > 1 and not own:
         names = ", ".join(str(f.field) for f in fields)
         raise EmulationError(f"{where} has {len(fields)} fields ({names}): {choice!r} reads a leaf of one array; use "
                              "'flat' (every field), 'drop', or pass an nn.Module (it gets a tuple of the fields)")
-    if leaf.codec.is_string:
+    if own:  # a leaf whose codec names the encoders it takes (strings: their characters, read as text)
+        if choice not in own:
+            raise EmulationError(f"{where}: its leaves take the {' or '.join(map(repr, own))} encoder, not {choice!r}")
         if choice == "words":
             return WordEncoder(string_separators(leaf), leaf.codec.vocab, int(leaf.shape[-1]))
-        if choice != "embedding":
-            raise EmulationError(f"{where}: string leaves take the 'words' or 'embedding' encoder, not {choice!r}")
         return TextEncoder(leaf.codec.vocab)
     if choice in ("cnn", "nature", "impala", "cells"):
         channels_last = image_channels_last(leaf)
@@ -457,7 +459,8 @@ class LayoutEncoder(nn.Module):
     together: per dtype present, one slice of the row, one dtype view and one float cast, then one affine scaling
     of all of them. A step costs a handful of ops however many such leaves the layout has (each op is a kernel
     launch on a GPU). The other sub-encoders get their leaf's typed view ``(B, *shape)`` (2-d ``(B, n)`` for
-    embeddings), a ``TextView`` for strings, or a tuple of views for a leaf of several fields.
+    embeddings), or for a leaf of several fields its codec's view of them (``(chars, length)`` for strings, a tuple
+    by default).
 
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
@@ -642,20 +645,17 @@ _PROMOTE_TO_INT64 = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.in
 
 
 def _input_plan(fields: list[Leaf], two_d: bool) -> tuple:
-    """How a sub-encoder's input is read from a row: ``(kind, [(start, end, dtype, shape), ...])`` with kind
-    "leaf" (one view), "text" (a TextView of chars and length) or "fields" (a tuple of the fields' views)."""
-    kind = "text" if fields[0].codec.is_string else "fields" if len(fields) > 1 else "leaf"
+    """How a sub-encoder's input is read from a row: ``(codec, [(start, end, dtype, shape), ...])``. One field is
+    its view; several are the codec's view of them (a string codec's ``(chars, length)``, a tuple by default)."""
     spans = [(f.offset, f.offset + f.nbytes, TORCH_DTYPES["uint8" if f.dtype == np.bool_ else f.dtype.name],
               (-1,) if two_d else f.shape) for f in fields]
-    return kind, spans
+    return (fields[0].codec if len(fields) > 1 else None), spans
 
 
 def _read(rows: torch.Tensor, plan: tuple) -> Any:
-    kind, spans = plan
+    codec, spans = plan
     views = [_view(rows, *span) for span in spans]
-    if kind == "text":
-        return TextView(*views)
-    return tuple(views) if kind == "fields" else views[0]
+    return codec.view(tuple(views)) if codec is not None else views[0]
 
 
 def _view(rows: torch.Tensor, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
