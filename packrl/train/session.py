@@ -268,130 +268,45 @@ class StopSignals:
 # ---------------------------------------------------------------- the run
 
 
+@dataclass
+class Resumed:
+    """What ``--resume`` continues from: the run's config as recorded (``_resumed_config``), the checkpoint, its
+    run folder (None: a checkpoint outside one) and ``(training state, weights, optimizer state)``."""
+
+    config: dict
+    checkpoint: Path
+    folder: Path | None
+    state: tuple
+
+
 def train_run(config: dict, options: RunOptions, console: Console | None = None) -> RunResult:
     """Train one run as the options say. Errors in the settings, the folder or the checkpoint to resume
     raise (``PackrlError``: the caller prints them, exit 2); what happens once training started is
-    told by the exit code of the result."""
-    from packrl.checkpoint import WEIGHTS, checkpoint_folder, load_checkpoint
-    from packrl.train.dashboard import Dashboard
-    from packrl.train.ppo import PPO, NonFiniteError, seed_everything
-    from packrl.train.run import (
-        check_architecture,
-        env_creator,
-        make_policy,
-        make_vecenv,
-        plot_learning_curve,
-        ppo_config,
-    )
+    told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
+    the training loop (``_train``), the closing report (``_report``)."""
+    from packrl.train.ppo import seed_everything
+    from packrl.train.run import make_vecenv, ppo_config
 
     console = console or Console()
-    resume_state = None
-    if options.resume is not None:
-        checkpoint_path, resume_folder, skipped = newest_checkpoint(options.resume)
-        for line in skipped:
-            console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
-        policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
-        if not isinstance(metadata.get("resume"), dict):
-            raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
-        config = _resumed_config(metadata, checkpoint_path, config, options)
-        if not options.env_given:  # a checkpoint is data: its env id never names code to run
-            env = config["env"]
-            try:
-                env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
-            except ConfigError:
-                from packrl.train.checkpoint_env import is_data_env_id
-
-                if is_data_env_id(env["id"]):
-                    raise
-                raise RunError(f"--resume {options.resume}: the run's env id {env['id']!r} names code to import and "
-                               "call, which is never run because a checkpoint recorded it; give the env on the command "
-                               f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
-                               ) from None
-        resume_state = (metadata["resume"], policy_state, optimizer_state)
-        if resume_folder is not None and options.out is None and options.name is None:
-            folder = resume_folder
-            mark(folder)  # a run folder from before the marker: adopted as packrl's own
-        else:
-            folder = new_run_folder(options, config["env"]["id"])
-    else:
-        folder = new_run_folder(options, config["env"]["id"])
-    for name in RUN_WRITES:  # a symlink planted where the run writes is refused before anything runs
-        inside(folder, name)
-    env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
+    resumed = _resume_from(options, config, console) if options.resume is not None else None
+    config = resumed.config if resumed is not None else config
+    folder = _run_folder(options, config, resumed)
     cfg = ppo_config(config)
-
     seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
     try:
         vecenv = make_vecenv(config, seed=cfg.seed)
     except BaseException:
         _remove_if_empty(folder)
         raise
-    stops = StopSignals()
     history = None
-    code, error = EXIT_OK, None
     try:
-        if resume_state is not None:  # shapes and memory checked against the weights before anything is allocated
-            check_architecture(vecenv, config["policy"], checkpoint_folder(checkpoint_path) / WEIGHTS,
-                               options.max_policy_bytes)
-        policy = make_policy(vecenv, config["policy"])
-        ppo = PPO(vecenv, policy, cfg)
-        if resume_state is not None:
-            try:
-                ppo.load_training_state(*resume_state)
-            except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-                raise RunError(f"--resume {checkpoint_path}: its training state does not fit this run "
-                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
-        history = History(folder / "history.jsonl", keep_until_iteration=ppo.iteration if resume_state else None)
+        ppo = _trainer(vecenv, config, cfg, options, resumed)
+        history = History(folder / "history.jsonl", keep_until_iteration=ppo.iteration if resumed else None)
         checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
                                   ppo.global_step)
-        versus = _versus_check(env_id, config, options)
-        if resume_state is not None:
-            console.print(escape(printable(f"resuming {folder} from {checkpoint_path} (step {ppo.global_step:,}, "
-                                           "its recorded settings)")), highlight=False, soft_wrap=True)
-        elif options.preamble:
-            console.print(escape(options.preamble), highlight=False, soft_wrap=True)
-        title = f"packrl PPO on {env_id} ({vecenv.num_agents} rows, {ppo.device})"
-        board = Dashboard(title, total, live=options.live and console.is_terminal,
-                          tensorboard=_tensorboard_folder(options.tensorboard, folder),
-                          log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
-                          versus=versus is not None)
-        stops.board = board
-
-        def callback(stats: dict) -> bool:
-            if versus is not None and stats["iteration"] % options.versus_every == 0:
-                stats.update({f"vs_random/{k}": v for k, v in versus(ppo.policy, stats["iteration"]).items()
-                              if k != "games"})
-            history.append(stats)
-            board.update(stats)
-            if stops.received is None and stats["global_step"] < total and checkpoints.due(stats["global_step"]):
-                checkpoints.save_periodic(ppo, config, history.rows)
-            return stops.received is None
-
-        with stops, board:
-            try:
-                ppo.train(total, callback)
-            except (NonFiniteError, PackrlError) as err:
-                code, error = EXIT_STOPPED_BY_ERROR, err
-                history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step,
-                                **getattr(err, "stats", {}), "error": str(err)})
-            except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
-                code = EXIT_SIGINT
-            if code == EXIT_OK:
-                if stops.received is not None:
-                    code = SIGNAL_EXIT[stops.received]
-                checkpoints.save_latest(ppo, config, history.rows)
-            plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
+        code, error = _train(ppo, config, options, folder, history, checkpoints, resumed, console)
     except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
-        saved = _newest_saved(folder)
-        if saved is None:
-            _remove_if_empty(folder)
-            console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
-            return RunResult(EXIT_SIGINT, None, None, 0, None)
-        checkpoint, step = saved
-        console.print(f"[yellow]interrupted (Ctrl-C); the last complete checkpoint is "
-                      f"{checkpoint} (step {step:,}); continue with: packrl train --resume {folder}[/yellow]",
-                      highlight=False, soft_wrap=True)
-        return RunResult(EXIT_SIGINT, folder, checkpoint, step, None)
+        return _interrupted(folder, console)
     except BaseException:  # the run could not start: leave no empty run folder behind
         if history is None:
             _remove_if_empty(folder)
@@ -400,6 +315,141 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
         vecenv.close()
         if history is not None:
             history.close()
+    return _report(ppo, folder, history, checkpoints, code, error, console)
+
+
+def _resume_from(options: RunOptions, given: dict, console: Console) -> Resumed:
+    """The newest loadable checkpoint of ``--resume`` (naming those skipped), its training state, and the config it
+    recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env."""
+    from packrl.checkpoint import load_checkpoint
+    from packrl.train.run import env_creator
+
+    checkpoint_path, resume_folder, skipped = newest_checkpoint(options.resume)
+    for line in skipped:
+        console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
+    policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
+    if not isinstance(metadata.get("resume"), dict):
+        raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
+    config = _resumed_config(metadata, checkpoint_path, given, options)
+    if not options.env_given:  # a checkpoint is data: its env id never names code to run
+        env = config["env"]
+        try:
+            env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
+        except ConfigError:
+            from packrl.train.checkpoint_env import is_data_env_id
+
+            if is_data_env_id(env["id"]):
+                raise
+            raise RunError(f"--resume {options.resume}: the run's env id {env['id']!r} names code to import and "
+                           "call, which is never run because a checkpoint recorded it; give the env on the command "
+                           f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
+                           ) from None
+    return Resumed(config, checkpoint_path, resume_folder, (metadata["resume"], policy_state, optimizer_state))
+
+
+def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None) -> Path:
+    """The run folder: the resumed run's own (unless --out or --name asks for another), else a new one. A symlink
+    planted where the run writes is refused before anything runs."""
+    if resumed is not None and resumed.folder is not None and options.out is None and options.name is None:
+        folder = resumed.folder
+        mark(folder)  # a run folder from before the marker: adopted as packrl's own
+    else:
+        folder = new_run_folder(options, config["env"]["id"])
+    for name in RUN_WRITES:
+        inside(folder, name)
+    return folder
+
+
+def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: Resumed | None) -> Any:
+    """PPO over the run's policy; a resumed run's architecture is checked against its weights (shapes and memory)
+    before anything is allocated, then its training state loaded."""
+    from packrl.checkpoint import WEIGHTS, checkpoint_folder
+    from packrl.train.ppo import PPO
+    from packrl.train.run import check_architecture, make_policy
+
+    if resumed is not None:
+        check_architecture(vecenv, config["policy"], checkpoint_folder(resumed.checkpoint) / WEIGHTS,
+                           options.max_policy_bytes)
+    ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
+    if resumed is not None:
+        try:
+            ppo.load_training_state(*resumed.state)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            raise RunError(f"--resume {resumed.checkpoint}: its training state does not fit this run "
+                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    return ppo
+
+
+def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: History, checkpoints: Checkpoints,
+           resumed: Resumed | None, console: Console) -> tuple[int, BaseException | None]:
+    """The training loop with its dashboard, history, periodic checkpoints and signals; the last checkpoint and the
+    learning curve after it. ``(exit code, the error that stopped training or None)``."""
+    from packrl.train.dashboard import Dashboard
+    from packrl.train.ppo import NonFiniteError
+    from packrl.train.run import plot_learning_curve
+
+    env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
+    versus = _versus_check(env_id, config, options)
+    if resumed is not None:
+        console.print(escape(printable(f"resuming {folder} from {resumed.checkpoint} (step {ppo.global_step:,}, "
+                                       "its recorded settings)")), highlight=False, soft_wrap=True)
+    elif options.preamble:
+        console.print(escape(options.preamble), highlight=False, soft_wrap=True)
+    title = f"packrl PPO on {env_id} ({ppo.env.num_agents} rows, {ppo.device})"
+    board = Dashboard(title, total, live=options.live and console.is_terminal,
+                      tensorboard=_tensorboard_folder(options.tensorboard, folder),
+                      log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
+                      versus=versus is not None)
+    stops = StopSignals()
+    stops.board = board
+
+    def callback(stats: dict) -> bool:
+        if versus is not None and stats["iteration"] % options.versus_every == 0:
+            stats.update({f"vs_random/{k}": v for k, v in versus(ppo.policy, stats["iteration"]).items()
+                          if k != "games"})
+        history.append(stats)
+        board.update(stats)
+        if stops.received is None and stats["global_step"] < total and checkpoints.due(stats["global_step"]):
+            checkpoints.save_periodic(ppo, config, history.rows)
+        return stops.received is None
+
+    code, error = EXIT_OK, None
+    with stops, board:
+        try:
+            ppo.train(total, callback)
+        except (NonFiniteError, PackrlError) as err:
+            code, error = EXIT_STOPPED_BY_ERROR, err
+            history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step,
+                            **getattr(err, "stats", {}), "error": str(err)})
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
+            code = EXIT_SIGINT
+        if code == EXIT_OK:
+            if stops.received is not None:
+                code = SIGNAL_EXIT[stops.received]
+            checkpoints.save_latest(ppo, config, history.rows)
+        plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
+    return code, error
+
+
+def _interrupted(folder: Path, console: Console) -> RunResult:
+    """Ctrl-C before training started, or a second one while saving or plotting: what was saved, and how to resume."""
+    saved = _newest_saved(folder)
+    if saved is None:
+        _remove_if_empty(folder)
+        console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
+        return RunResult(EXIT_SIGINT, None, None, 0, None)
+    checkpoint, step = saved
+    console.print(f"[yellow]interrupted (Ctrl-C); the last complete checkpoint is "
+                  f"{checkpoint} (step {step:,}); continue with: packrl train --resume {folder}[/yellow]",
+                  highlight=False, soft_wrap=True)
+    return RunResult(EXIT_SIGINT, folder, checkpoint, step, None)
+
+
+def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, code: int,
+            error: BaseException | None, console: Console) -> RunResult:
+    """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
+    folder, the checkpoint with its hash and the learning curve."""
+    from packrl.checkpoint import read_metadata
 
     returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
     last = returns[-1] if returns else None
@@ -426,8 +476,6 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     if last is not None:
         console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False, soft_wrap=True)
     console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
-    from packrl.checkpoint import read_metadata
-
     console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
                   + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False, soft_wrap=True)
     curve = folder / "learning_curve.png"
