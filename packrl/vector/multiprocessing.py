@@ -59,6 +59,14 @@ class Command(IntEnum):
     CALL = 4  # run a packrl.vector.attrs.Request (sent on the pipe first) on every env of the worker
 
 
+class Control(IntEnum):
+    """The columns of a worker's row of the shared ``control`` array, written by the main process."""
+
+    COMMAND = 0  # a Command
+    HAS_SEED = 1  # RESET: whether SEED holds a seed
+    SEED = 2
+
+
 class Status(IntEnum):
     BUSY = 0
     DONE = 1
@@ -147,27 +155,13 @@ class Multiprocessing(WorkerBackend):
                  main_envs: int | None = None, main_spin_s: float = MAIN_SPIN_S,
                  worker_spin_s: float = WORKER_SPIN_S, step_timeout: float | None = None):
         self.step_timeout = check_step_timeout(step_timeout)
-        if self.step_timeout is not None:
-            if main_envs:
-                raise UsageError(f"step_timeout needs every env in a worker, but main_envs={main_envs}: the main "
-                                 "process's own envs cannot be timed out (pass main_envs=0 or leave it out)")
-            main_envs = 0
-        _check_batch(num_envs, None, 1)  # num_envs >= 1 before the split is worked out
-        num_workers, main_envs = default_split(num_envs, batch_size, num_workers, main_envs)
-        per_worker = (num_envs - main_envs) // num_workers
-        if batch_size != num_envs:  # all at once fits any split; a smaller batch is whole workers (main_envs 0)
-            _check_batch(num_envs, batch_size, per_worker)
+        num_workers, main_envs, per_worker = self._split(num_envs, num_workers, batch_size, main_envs)
         ctx = mp.get_context(context or default_context())
         probe = build_env(env_creator)  # the main process needs the row layout before any worker exists
         spec = EnvSpec.of(probe)
-        main_block = [probe] if main_envs else []
         if not main_envs:
-            try:
-                probe.close()
-            except Exception as err:  # noqa: BLE001 - a throwaway env; the workers build their own
-                warnings.warn(f"packrl: closing the layout probe env raised {type(err).__name__}: {err}",
-                              RuntimeWarning, stacklevel=2)
-        control = {"control": ((num_workers, 3), np.int64), "status": ((num_workers,), np.int64),
+            _close_probe(probe)
+        control = {"control": ((num_workers, len(Control)), np.int64), "status": ((num_workers,), np.int64),
                    "waits": ((num_workers, len(WAIT_KINDS)), np.int64)}
         plan = plan_buffers(spec, num_envs, control)
         shm = Segment(plan.nbytes)
@@ -181,19 +175,9 @@ class Multiprocessing(WorkerBackend):
         self._spinner = Spinner(main_spin_s)
         self._done = ctx.Semaphore(0)
         self._wake = [ctx.Semaphore(0) for _ in range(num_workers)]
-        creator = cloudpickle.dumps(env_creator)
         self._procs, self._conns = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._wake, self._control, shm, self._conns)
-        for w in range(num_workers):
-            reader, writer = ctx.Pipe(duplex=True)  # replies come back on it; call() requests go out on it
-            args = WorkerArgs(w, w * per_worker, per_worker, creator, registrations(), shm.name, plan, spec,
-                              worker_spin_s)
-            proc = ctx.Process(target=_worker_main, args=(args, self._wake[w], self._done, writer),
-                               name=f"packrl-vector-worker-{w}", daemon=True)
-            self._procs.append(proc)
-            self._conns.append(reader)
-            proc.start()
-            writer.close()  # only the worker holds the write end: its death reads as EOF here
+        self._start_workers(ctx, env_creator, shm.name, plan, spec, worker_spin_s)
         self._in_flight: set[int] = set(range(num_workers))
         self._sent_at = [float("inf")] * num_workers  # when each worker's command went (step_timeout only)
         self._batch_workers = self.batch_size // per_worker if main_envs == 0 else num_workers
@@ -203,13 +187,10 @@ class Multiprocessing(WorkerBackend):
         self._infos: list = [[] for _ in range(num_workers)]
         self._last: list[int] | None = None
         self._broken: str | None = None
+        main_block = [probe] if main_envs else []
         try:
             if main_envs:  # built while the workers build theirs
-                first = num_envs - main_envs
-                for k in range(1, main_envs):
-                    main_block.append(build_env(env_creator))
-                    spec.check(main_block[-1], first + k)
-                self._runner = EnvRunner(main_block, first, arrays, spec)
+                self._runner = self._main_runner(env_creator, main_block, spec, arrays)
             self._collect(num_workers)  # every worker built its envs and mapped the segment
         except BaseException:
             self._finalizer()
@@ -219,6 +200,48 @@ class Multiprocessing(WorkerBackend):
             raise
         shm.unlink()  # every process has it mapped: the name can go, so nothing can leak in /dev/shm
         self._ready.clear()
+
+    def _split(self, num_envs: int, num_workers: int | None, batch_size: int | None,
+               main_envs: int | None) -> tuple[int, int, int]:
+        """``(num_workers, main_envs, envs per worker)``: the split of ``default_split``, checked against the batch
+        size and the step timeout (which needs every env in a worker)."""
+        if self.step_timeout is not None:
+            if main_envs:
+                raise UsageError(f"step_timeout needs every env in a worker, but main_envs={main_envs}: the main "
+                                 "process's own envs cannot be timed out (pass main_envs=0 or leave it out)")
+            main_envs = 0
+        _check_batch(num_envs, None, 1)  # num_envs >= 1 before the split is worked out
+        num_workers, main_envs = default_split(num_envs, batch_size, num_workers, main_envs)
+        per_worker = (num_envs - main_envs) // num_workers
+        if batch_size != num_envs:  # all at once fits any split; a smaller batch is whole workers (main_envs 0)
+            _check_batch(num_envs, batch_size, per_worker)
+        return num_workers, main_envs, per_worker
+
+    def _start_workers(self, ctx: Any, env_creator: Callable[[], Any], segment: str, plan: Any, spec: EnvSpec,
+                       worker_spin_s: float) -> None:
+        """One process per worker, each told its envs, the segment and the user's registered leaf types; the main
+        process keeps the read end of each worker's pipe (a dead worker reads as EOF)."""
+        creator = cloudpickle.dumps(env_creator)
+        travelled = registrations()
+        for w in range(self.num_workers):
+            reader, writer = ctx.Pipe(duplex=True)  # replies come back on it; call() requests go out on it
+            args = WorkerArgs(w, w * self.envs_per_worker, self.envs_per_worker, creator, travelled, segment, plan,
+                              spec, worker_spin_s)
+            proc = ctx.Process(target=_worker_main, args=(args, self._wake[w], self._done, writer),
+                               name=f"packrl-vector-worker-{w}", daemon=True)
+            self._procs.append(proc)
+            self._conns.append(reader)
+            proc.start()
+            writer.close()  # only the worker holds the write end: its death reads as EOF here
+
+    def _main_runner(self, env_creator: Callable[[], Any], block: list, spec: EnvSpec, arrays: dict) -> EnvRunner:
+        """The main process's own envs (the last ``main_envs``; ``block`` holds the probe env), built while the
+        workers build theirs."""
+        first = self.num_envs - self.main_envs
+        for k in range(1, self.main_envs):
+            block.append(build_env(env_creator))
+            spec.check(block[-1], first + k)
+        return EnvRunner(block, first, arrays, spec)
 
     # ------------------------------------------------------------ public protocol
 
@@ -340,8 +363,8 @@ class Multiprocessing(WorkerBackend):
     def _command(self, w: int, command: int, seed: int | None = None) -> None:
         row = self._control[w]
         if command == RESET:
-            row[1], row[2] = seed is not None, 0 if seed is None else seed
-        row[0] = command
+            row[Control.HAS_SEED], row[Control.SEED] = seed is not None, 0 if seed is None else seed
+        row[Control.COMMAND] = command
         self._status[w] = BUSY
         self._in_flight.add(w)
         if self.step_timeout is not None:
@@ -473,6 +496,15 @@ def default_context() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
+def _close_probe(probe: Any) -> None:
+    """Close the env built only to learn the row layout (the workers build their own)."""
+    try:
+        probe.close()
+    except Exception as err:  # noqa: BLE001 - a throwaway env
+        warnings.warn(f"packrl: closing the layout probe env raised {type(err).__name__}: {err}", RuntimeWarning,
+                      stacklevel=3)
+
+
 def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: list) -> list:
     """Stop the workers (politely, then by force), reap them, release the segment. Runs once:
     from close(), garbage collection or interpreter exit. Returns the (env index, error) of the
@@ -481,7 +513,7 @@ def _shutdown(procs: list, wake: list, control: np.ndarray, shm: Any, conns: lis
     procs[:] = [proc for proc in procs if proc.pid is not None]  # a failed start leaves some unstarted
     for w, proc in enumerate(procs):
         if proc.is_alive():
-            control[w, 0] = Command.CLOSE
+            control[w, Control.COMMAND] = Command.CLOSE
             wake[w].release()
     deadline = time.monotonic() + CLOSE_GRACE_S
     for proc in procs:
@@ -550,7 +582,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
         spinner = Spinner(args.spin_s, arrays["waits"][w])
         while True:
             _wait(wake, spinner, parent)
-            command = int(control[w, 0])
+            command = int(control[w, Control.COMMAND])
             if command == CLOSE:
                 conn.send(Closed(close_envs(envs, args.first_env)))
                 return
@@ -561,7 +593,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 if command == STEP:
                     infos = runner.step()
                 else:
-                    infos = runner.reset(int(control[w, 2]) if control[w, 1] else None)
+                    infos = runner.reset(int(control[w, Control.SEED]) if control[w, Control.HAS_SEED] else None)
             except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
                 _reply(status, w, done, conn, FAILED, runner.failure())
                 continue
