@@ -181,7 +181,7 @@ class Layout:
 
     def bind(self, rows: np.ndarray) -> BoundRows:
         """Precompute the views of a persistent buffer, for packing into it at no per-call view cost."""
-        return BoundRows(self.packer, rows, self.unflatten)
+        return BoundRows(self.packer, rows, self._unflatten_fn)  # not the bound method: no cycle through _last
 
     # ------------------------------------------------------------ unpack
 
