@@ -300,3 +300,14 @@ def test_a_float64_nan_payload_float32_cannot_hold_is_refused():
     assert plain.view(np.uint32).tolist() == [0x7FC00000, 0xFFC00000]
     rounding = Layout.from_space(spaces.Box(-np.inf, np.inf, (2,), np.float32), round_floats=True)
     assert np.isnan(rounding.unpack(rounding.pack(payload))[0])
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_an_integer_a_float64_leaf_cannot_hold_exactly_is_refused_by_name(shape):
+    """2**53 + 1 is no float64: refused naming the leaf, for a 0-d leaf too (a raw NumPy error before)."""
+    layout = Layout.from_space(spaces.Dict({"x": spaces.Box(-np.inf, np.inf, shape, np.float64)}))
+    value = 2**53 + 1 if shape == () else np.array([1, 2**53 + 1, 3], np.int64)
+    with pytest.raises(EmulationError, match=r"leaf \['x'\].*not exactly representable in float64"):
+        layout.pack({"x": value})
+    exact = 2**53 if shape == () else np.array([1, 2**53, 3], np.int64)
+    assert layout.unpack(layout.pack({"x": exact}))["x"].tolist() == (float(2**53) if shape == () else [1.0, 2.0**53, 3.0])

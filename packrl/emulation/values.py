@@ -195,7 +195,8 @@ def _int_to_float_changes(arr: np.ndarray, cast: np.ndarray) -> np.ndarray:
     if not big.any():
         return big.astype(bool)
     changed = np.zeros(arr.shape, dtype=bool)
-    for idx in zip(*np.nonzero(big)):
+    for idx in np.argwhere(big):  # argwhere: also a 0-d array's one index (np.nonzero refuses 0-d arrays)
+        idx = tuple(idx)
         c = cast[idx]
         changed[idx] = (not np.isfinite(c)) or int(c) != int(arr[idx])
     return changed
