@@ -137,8 +137,8 @@ def test_step_timeout_kills_the_hung_worker_and_names_its_env(context):
     start = time.monotonic()
     with pytest.raises(EnvError, match=r"worker 1 \(pid \d+, env 1\) did not finish within step_timeout=6.0 s"):
         venv.step(np.zeros(2, np.int64))
-    assert time.monotonic() - start < 30
-    assert not wait_gone([pids[1]], 5), "the hung worker was not killed"
+    assert time.monotonic() - start < 60  # the timeout's 6 s, with 10x room for a busy machine: it fired, no hang
+    assert not wait_gone([pids[1]], 30), "the hung worker was not killed"
     with pytest.raises(EnvError, match="failed earlier"):
         venv.step(np.zeros(2, np.int64))
     venv.close()
