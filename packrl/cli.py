@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -215,6 +216,18 @@ def top_level(argv: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``packrl`` command. A reader that closes the pipe early (``packrl configs | head``) ends the output
+    quietly, with the status a shell gives a command whose reader left (128 + SIGPIPE)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit and would fail again: point it at /dev/null (the Python docs' recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
     quick = top_level(list(sys.argv[1:] if argv is None else argv))

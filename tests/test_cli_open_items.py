@@ -161,3 +161,17 @@ def test_the_top_level_command_line_imports_neither_torch_nor_numba(argv):
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, cwd=root)
     assert done.stdout.strip().splitlines()[-1] == f"[] {2 if not argv else 0}", done.stdout + done.stderr
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
+    """`packrl configs | head -1`: silence and 141 (128 + SIGPIPE) once the reader is gone, not a BrokenPipeError.
+    The reader leaves before the command writes (its start-up imports take far longer than closing a pipe)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "packrl.cli", "configs"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
