@@ -135,6 +135,9 @@ class PolicyConfig:
         "action heads from the action layout (masked when the env has an action mask)"))
     normalize_observations: bool = field(default=False, metadata=_meta(
         "normalize the flat observation features by running mean and variance (kept with the weights)"))
+    squash_actions: bool = field(default=True, metadata=_meta(
+        "Box actions: a Gaussian squashed into the space's bounds (true), or unbounded and clipped at the env (false, "
+        "CleanRL's ppo_continuous_action)"))
     log_std_init: float = field(default=0.0, metadata=_meta(
         "initial log standard deviation of Box action heads (state-independent, learned)", Range(-5.0, 2.0)))
     overrides: dict = field(default_factory=dict, metadata=_meta(

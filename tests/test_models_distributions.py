@@ -227,3 +227,22 @@ def test_box_sampled_from_drawn_noise_is_the_squashed_gaussian_draw():
     torch.testing.assert_close(action, dist.bounds.squash(dist.mean + dist.std * noise))
     torch.testing.assert_close(log_prob, dist.log_prob(action))
     assert torch.all((action >= -2.0) & (action <= 3.0))
+
+
+def test_unsquashed_box_actions_are_gaussian_draws_clipped_only_for_the_env():
+    """squash=False (CleanRL's ppo_continuous_action): the stored action is the Gaussian draw itself, its
+    log-probability the Gaussian's, and only the array handed to the env is clipped into the space's bounds."""
+    space = spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
+    spec = ActionSpec(ActionLayout(space), squash=False)
+    torch.manual_seed(0)
+    logits = torch.cat([torch.tensor([[0.5, 1.0]]).expand(4096, 2), torch.full((4096, 2), 0.7)], -1)
+    dist = spec.distribution(logits)
+    action, log_prob = dist.sample_with_log_prob()
+    ref = Normal(torch.tensor([0.5, 1.0]), torch.tensor(0.7).exp())
+    torch.testing.assert_close(log_prob, ref.log_prob(action).sum(-1))
+    assert (action[:, 0] > 1.0).any() and (action[:, 1] < 0.0).any()  # draws beyond the bounds are kept as drawn
+    sent = spec.to_numpy(action)
+    assert sent.dtype == np.float32 and np.all(sent >= space.low) and np.all(sent <= space.high)
+    np.testing.assert_allclose(sent, np.clip(action.numpy(), space.low, space.high))
+    squashed = ActionSpec(ActionLayout(space)).distribution(logits).sample()
+    assert np.all(squashed.numpy() >= space.low) and np.all(squashed.numpy() <= space.high)

@@ -269,17 +269,24 @@ class ActionSpec:
     """How a flat logits tensor maps to a distribution for one ActionLayout.
 
     Logits layout (last axis): ``[discrete logits (sum(nvec)) | mean (m) | log_std (m)]``.
-    ``mask_size`` is the width an action mask must have (``sum(nvec)``, the discrete choices)."""
+    ``mask_size`` is the width an action mask must have (``sum(nvec)``, the discrete choices).
 
-    def __init__(self, action: ActionLayout):
+    ``squash=False`` leaves Box actions an unbounded Gaussian, clipped to the space's bounds only on the way to the
+    env (``to_numpy``): CleanRL's ``ppo_continuous_action`` (its ClipAction wrapper), whose log-probabilities are the
+    Gaussian's of the unclipped draw. The default maps each draw into the bounds (``SquashedNormal``)."""
+
+    def __init__(self, action: ActionLayout, squash: bool = True):
         self.action = action
+        self.squash = squash
         self.kind = action.kind
         self.nvec = tuple(int(n) for n in action.nvec)
         self.num_discrete = sum(self.nvec)
         self.num_continuous = action.num_continuous
         self.logits_size = self.num_discrete + 2 * self.num_continuous
         self.mask_size = self.num_discrete
-        self.bounds = Bounds(action.low, action.high) if self.num_continuous else None
+        low, high = (action.low, action.high) if squash else (np.full_like(action.low, -np.inf, np.float64),
+                                                                np.full_like(action.high, np.inf, np.float64))
+        self.bounds = Bounds(low, high) if self.num_continuous else None
         space = action.policy_space
         self.continuous_space = space["continuous"] if self.kind == "hybrid" else space if self.kind == "continuous" else None
 

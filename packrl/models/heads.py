@@ -34,9 +34,10 @@ class ActionHead(nn.Module):
     """Linear logits for the discrete branches, a Gaussian mean per continuous dimension and a
     state-independent log standard deviation (a parameter, as in CleanRL's continuous PPO)."""
 
-    def __init__(self, action: ActionLayout | spaces.Space, hidden: int, log_std_init: float = 0.0):
+    def __init__(self, action: ActionLayout | spaces.Space, hidden: int, log_std_init: float = 0.0,
+                 squash: bool = True):
         super().__init__()
-        self.spec = ActionSpec(as_action_layout(action))
+        self.spec = ActionSpec(as_action_layout(action), squash)
         d, m = self.spec.num_discrete, self.spec.num_continuous
         self.discrete = layer_init(nn.Linear(hidden, d), std=0.01) if d else None
         self.mean = layer_init(nn.Linear(hidden, m), std=0.01) if m else None
@@ -79,9 +80,10 @@ class Decoder(nn.Module):
     object with ``sample()``, ``log_prob(action)``, ``entropy()`` and ``mode()``, whose actions are
     in the env's policy-facing form; ``to_numpy(action)`` makes them ready for ``env.step``."""
 
-    def __init__(self, action: ActionLayout | spaces.Space, hidden: int, log_std_init: float = 0.0):
+    def __init__(self, action: ActionLayout | spaces.Space, hidden: int, log_std_init: float = 0.0,
+                 squash: bool = True):
         super().__init__()
-        self.actor = ActionHead(action, hidden, log_std_init)
+        self.actor = ActionHead(action, hidden, log_std_init, squash)
         self.critic = ValueHead(hidden)
         self.spec = self.actor.spec
 

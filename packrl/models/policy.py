@@ -88,11 +88,12 @@ class Policy(nn.Module):
     def from_layouts(cls, observation: Layout, action: ActionLayout | spaces.Space, network: str = "mlp",
                      hidden: int = 128, action_mask: tuple | None = None, overrides: dict | None = None,
                      log_std_init: float = 0.0, row_bytes: int | None = None, critic: str = "shared",
-                     normalize_observations: bool = False) -> "Policy":
+                     normalize_observations: bool = False, squash_actions: bool = True) -> "Policy":
         """A LayoutEncoder, a named network ("mlp", "lstm", "gru", "mingru") and a Decoder; ``critic="separate"``
         (mlp only) builds a second encoder and network of the same shape for the value head.
         ``normalize_observations``: the encoder keeps running statistics of its flat features and normalizes them
-        (``update_normalization``, which PPO calls after each update)."""
+        (``update_normalization``, which PPO calls after each update). ``squash_actions=False``: Box actions are an
+        unbounded Gaussian clipped at the env (``ActionSpec``)."""
         if critic not in CRITICS:
             raise EmulationError(f"critic must be one of {list(CRITICS)}, not {critic!r}")
         if critic == "separate" and network != "mlp":
@@ -107,14 +108,14 @@ class Policy(nn.Module):
         else:
             encoder = LayoutEncoder(observation, hidden, overrides, normalize_observations)
             net = make_network(network, encoder.output_size, hidden)
-        decoder = Decoder(action, net.hidden_size, log_std_init)
+        decoder = Decoder(action, net.hidden_size, log_std_init, squash_actions)
         mask = ActionMask(observation, action_mask) if action_mask is not None else None
         return cls(encoder, net, decoder, mask, row_bytes)
 
     @classmethod
     def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
                  overrides: dict | None = None, log_std_init: float = 0.0, use_action_mask: bool = True,
-                 critic: str = "shared", normalize_observations: bool = False) -> "Policy":
+                 critic: str = "shared", normalize_observations: bool = False, squash_actions: bool = True) -> "Policy":
         """The policy of an emulated env (``env.emulated``): its observation Layout, ActionLayout and
         action-mask path. An env whose agents fall into several groups (different spaces) needs
         ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or ``per_group``."""
@@ -130,7 +131,7 @@ class Policy(nn.Module):
         row_bytes = g.observation.nbytes if g.observation.nbytes != emulated.nbytes else None
         return cls.from_layouts(g.observation, g.action, network, hidden,
                                 g.action_mask if use_action_mask else None, overrides, log_std_init, row_bytes,
-                                critic, normalize_observations)
+                                critic, normalize_observations, squash_actions)
 
     @classmethod
     def per_group(cls, env: Any, network: str = "mlp", hidden: int = 128, **kwargs: Any) -> nn.ModuleList:

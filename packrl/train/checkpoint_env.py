@@ -55,6 +55,8 @@ def checked_config(metadata: dict, file: Path) -> dict:
         raise bad("policy.encoder", "must be 'layout' and policy.decoder 'default'")
     if type(policy["normalize_observations"]) is not bool:
         raise bad("policy.normalize_observations", f"is {policy['normalize_observations']!r}; expected true or false")
+    if type(policy["squash_actions"]) is not bool:
+        raise bad("policy.squash_actions", f"is {policy['squash_actions']!r}; expected true or false")
     log_std = policy["log_std_init"]
     if type(log_std) not in (int, float) or not -5.0 <= log_std <= 2.0:
         raise bad("policy.log_std_init", f"is {log_std!r}; expected a number from -5 to 2")

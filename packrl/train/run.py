@@ -133,7 +133,8 @@ def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
     return Policy.from_env(vecenv, network=policy_config["network"], hidden=int(policy_config["hidden"]),
                            overrides=overrides or None, critic=policy_config.get("critic", "shared"),
                            normalize_observations=bool(policy_config.get("normalize_observations", False)),
-                           log_std_init=float(policy_config.get("log_std_init", 0.0)))
+                           log_std_init=float(policy_config.get("log_std_init", 0.0)),
+                           squash_actions=bool(policy_config.get("squash_actions", True)))
 
 
 def _path_key(part: str) -> Any:
