@@ -320,26 +320,20 @@ class PPO:
         else:
             self.state = state
         value_t.copy_(value if value.ndim == 1 else value.reshape(-1))
-        dist_ = self._spec.distribution(logits if logits.dtype == torch.float32 else logits.float())
-        if self._action_host:
-            dist_.sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
+        logits = logits if logits.dtype == torch.float32 else logits.float()
+        if self._spec is None:  # a decoder of the user's own: its distribution draws its own samples
+            dist_ = self.policy.decoder.distribution(logits)
+            if hasattr(dist_, "sample_with_log_prob"):
+                action, logprob = dist_.sample_with_log_prob()
+            else:
+                action = dist_.sample()
+                logprob = dist_.log_prob(action)
+        elif self._action_host:
+            self._spec.distribution(logits).sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
             return
-        action, logprob = dist_.sample_with_log_prob(self._noise_views[t])
-        logprob_t.copy_(logprob)
-        self._store_actions(t, action)
-
-    def _user_decoder_step(self, t: int) -> None:
-        """``_policy_step`` for a decoder of the user's own: its distribution draws its own samples."""
-        obs_t, start_t, logprob_t, value_t = self._step_views[t]
-        logits, value, self.state = self._rollout_forward(obs_t, self.state, start_t)
-        dist_ = self.policy.decoder.distribution(logits.float())
-        if hasattr(dist_, "sample_with_log_prob"):
-            action, logprob = dist_.sample_with_log_prob()
         else:
-            action = dist_.sample()
-            logprob = dist_.log_prob(action)
+            action, logprob = self._spec.distribution(logits).sample_with_log_prob(self._noise_views[t])
         logprob_t.copy_(logprob)
-        value_t.copy_(value.reshape(-1))
         self._store_actions(t, action)
 
     def _env_actions(self, t: int) -> Any:
@@ -403,7 +397,6 @@ class PPO:
                 self._spec.fill_noise(self._noise)  # every step's random draws at once
             if self._graphs is None and self._graphs_wanted():
                 self._capture_graphs()
-            step = self._policy_step if self._spec is not None else self._user_decoder_step
             for t in range(T):
                 self.rollout_step = t  # where an error that stops the rollout left it (session.error_line)
                 if recurrent and t % self.horizon == 0:
@@ -411,15 +404,16 @@ class PPO:
                 if self._graphs:
                     self._graphs[t].replay()
                 else:
-                    step(t)
+                    self._policy_step(t)
                 obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
                 terminals, truncations = np.asarray(terminals), np.asarray(truncations)
                 self._put(t, "reward", rewards)
                 self._put(t, "terminal", terminals)
                 self._put(t, "truncation", truncations)
                 if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
+                    index = torch.from_numpy(truncated).to(self.device) if self.state else None
                     self._truncated.append((t, truncated, env.final_observations[truncated],
-                                            tuple(s[torch.from_numpy(truncated).to(self.device)] for s in self.state)))
+                                            tuple(s[index] for s in self.state)))
                 self._put(t + 1, "obs", obs)
                 self._put(t + 1, "mask", env.masks)
                 self._put(t + 1, "start", np.logical_or(terminals, truncations))
@@ -433,17 +427,17 @@ class PPO:
         self._check_env_values()
         rewards, terminals, truncations, masks = (self._host_array(k) for k in ("reward", "terminal", "truncation", "mask"))
         if self.reward_scaler is not None:  # the learner's rewards only: episode returns stay in the env's units
-            factor = self.reward_scaler.update(rewards, terminals | truncations, masks[:T])
+            factor = self.reward_scaler.update(rewards, terminals | truncations, masks)
             self.train_rewards = (self.train_rewards * factor).clamp(-REWARD_CLIP, REWARD_CLIP)
-        self.episodes.record(rewards, terminals | truncations, masks[:T])
-        acted = int(np.count_nonzero(masks[:T]))
+        self.episodes.record(rewards, terminals | truncations, masks)
+        acted = int(np.count_nonzero(masks))
         acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
 
     def _host_array(self, name: str) -> np.ndarray:
         """Storage ``name`` as a numpy array: a view of it on CPU, of its pinned host copy on CUDA."""
-        return self._numpy[name][: self.config.num_steps] if name != "mask" else self._numpy[name]
+        return self._numpy[name][: self.config.num_steps]
 
     def _bootstrap_values(self) -> torch.Tensor:
         """V(observation after the rollout) of every row, and V(final observation) of each truncation of the
