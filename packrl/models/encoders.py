@@ -37,6 +37,7 @@ from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
 from packrl.nativize import TORCH_DTYPES, check_rows, leaf_views, nativize, torch_dtype
+from packrl.running_moments import merge_moments
 
 EMBED_DIM = 16
 """Width of each Discrete / MultiDiscrete / character embedding."""
@@ -551,7 +552,7 @@ class LayoutEncoder(nn.Module):
         if box is not None and self._is_passthrough(x):
             batch = tuple(x.shape[: x.ndim - len(box.shape)])
             if self.flat_size:  # the Box is the one flat leaf
-                parts = [self._scale(x.reshape(-1, self.flat_size))]
+                parts = [self._scale(self._raw(x.reshape(-1, self.flat_size)))]
             else:
                 parts = [self.leaf_encoders[0](x.reshape((-1,) + box.shape))]
         else:
@@ -567,6 +568,10 @@ class LayoutEncoder(nn.Module):
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:
         """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""
+        return self._scale(self._flat_raw(rows))
+
+    def _flat_raw(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every flat field of rows ``(B, nbytes)`` as floats before the scaling (``_raw``)."""
         parts = []
         for lo, hi, dtype, index in self.flat_groups:
             part = rows[:, lo:hi]
@@ -578,14 +583,19 @@ class LayoutEncoder(nn.Module):
         if len(parts) > 1:
             if not all(p.dtype in _PROMOTE_TO_INT64 for p in parts):
                 parts = [p if p.dtype == torch.float32 else p.float() for p in parts]
-            return self._scale(torch.cat(parts, -1))  # integer parts: one cat promotes them to int64, one cast
-        return self._scale(parts[0])
+            return self._raw(torch.cat(parts, -1))  # integer parts: one cat promotes them to int64, one cast
+        return self._raw(parts[0])
 
-    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+    def _raw(self, x: torch.Tensor) -> torch.Tensor:
+        """Flat values as float32, symlog applied where the bounds are too wide to scale."""
         if x.dtype != torch.float32:
             x = x.float()
         if self.flat_any_symlog:
             x = torch.where(self.flat_symlog, torch.sign(x) * torch.log1p(x.abs()), x)
+        return x
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        """``_raw`` values scaled by the bounds (and normalized, clipped, with ``normalize``)."""
         x = torch.addcmul(self.flat_shift, x, self.flat_scale)
         return x.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP) if self.normalize else x
 
@@ -596,32 +606,17 @@ class LayoutEncoder(nn.Module):
         composed scaling. No-op unless built with ``normalize=True`` or without flat leaves."""
         if not self.normalize or not self.flat_size or x.shape[0] == 0:
             return
-        saved = self.flat_scale.clone(), self.flat_shift.clone(), self.normalize
-        self.flat_scale.copy_(self.bounds_scale)
-        self.flat_shift.copy_(self.bounds_shift)
-        self.normalize = False
-        try:
-            box = self.passthrough_leaf
-            if box is not None and self._is_passthrough(x):
-                features = self._scale(x.reshape(-1, self.flat_size))
-            else:
-                check_rows(x, self.layout)
-                features = self._flat(x.reshape(-1, x.shape[-1]))
-        except BaseException:
-            self.flat_scale.copy_(saved[0])
-            self.flat_shift.copy_(saved[1])
-            raise
-        finally:
-            self.normalize = saved[2]
-        features = features.double()
-        count = float(features.shape[0])
-        mean, var = features.mean(0), features.var(0, unbiased=False)
-        total = self.obs_count + count
-        delta = mean - self.obs_mean
-        self.obs_var.copy_((self.obs_var * self.obs_count + var * count + delta ** 2 * self.obs_count * count / total)
-                           / total)
-        self.obs_mean.add_(delta * count / total)
-        self.obs_count.copy_(total)
+        if self.passthrough_leaf is not None and self._is_passthrough(x):
+            raw = self._raw(x.reshape(-1, self.flat_size))
+        else:
+            check_rows(x, self.layout)
+            raw = self._flat_raw(x.reshape(-1, x.shape[-1]))
+        features = torch.addcmul(self.bounds_shift.double(), raw.double(), self.bounds_scale.double())  # bound-scaled
+        mean, var, count = merge_moments(self.obs_mean, self.obs_var, self.obs_count, features.mean(0),
+                                         features.var(0, unbiased=False), float(features.shape[0]))
+        self.obs_mean.copy_(mean)
+        self.obs_var.copy_(var)
+        self.obs_count.copy_(count)
         self.refresh_normalization()
 
     @torch.no_grad()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from packrl.running_moments import merge_moments
+
 CLIP = 10.0
 EPS = 1e-8
 
@@ -39,13 +41,8 @@ class RewardScaler:
         _discounted_returns(np.asarray(rewards, np.float64), np.asarray(ended, np.bool_), np.asarray(acted, np.bool_),
                             self.gamma, self.returns, values)
         if values.size:
-            count = float(values.size)
-            mean, var = float(values.mean()), float(values.var())
-            total = self.count + count
-            delta = mean - self.mean
-            self.var = (self.var * self.count + var * count + delta * delta * self.count * count / total) / total
-            self.mean += delta * count / total
-            self.count = total
+            self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, float(values.mean()),
+                                                            float(values.var()), float(values.size))
         return self.factor
 
     @property
