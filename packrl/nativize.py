@@ -40,7 +40,7 @@ def leaf_views(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     _check(x.dtype == torch.uint8, x.dtype, tuple(x.shape), layout)
     batch = tuple(x.shape[:-1])
     try:
-        return [_leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
+        return [leaf_view(x, batch, start, end, TORCH_DTYPES[name], shape) for start, end, name, shape in layout.spans]
     except RuntimeError as err:  # torch views a dtype only at an offset aligned to it (numpy reads any offset)
         raise NativizeError(
             f"nativize cannot view these rows as the layout's leaves: torch needs every row to start at a byte "
@@ -49,7 +49,8 @@ def leaf_views(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
             "x.contiguous() of rows cut from a wider buffer, or x.clone()") from None
 
 
-def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+def leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """Bytes ``[start, end)`` of rows ``x`` ``(*batch, nbytes)`` as ``(*batch, *shape)`` of ``dtype``, zero-copy."""
     if start == end:  # a leaf with no elements: no bytes to view, and strides of empty slices are arbitrary
         return torch.empty(batch + shape, dtype=dtype, device=x.device)
     part = x[..., start:end]
@@ -57,7 +58,10 @@ def _leaf_view(x: torch.Tensor, batch: tuple, start: int, end: int, dtype: torch
         # Inductor (torch 2.11, CPU and CUDA) fails to lower a uint8 -> bool bitcast; a packed bool byte is
         # 0 or 1, so the comparison reads the same values (a copy that Inductor fuses into its consumer)
         return (part != 0).view(batch + shape)
-    return part.view(dtype).view(batch + shape)
+    if dtype != part.dtype:
+        part = part.view(dtype)
+    # no view of what is already in shape (each is an op to dispatch: encoders read leaves on every rollout step)
+    return part if tuple(part.shape) == batch + shape else part.view(batch + shape)
 
 
 def check_rows(x: torch.Tensor, layout: Layout) -> None:

@@ -36,7 +36,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.nativize import TORCH_DTYPES, check_rows, leaf_views, nativize, torch_dtype
+from packrl.nativize import TORCH_DTYPES, check_rows, leaf_view, leaf_views, nativize, torch_dtype
 from packrl.running_moments import merge_moments
 
 EMBED_DIM = 16
@@ -643,25 +643,15 @@ def _input_plan(fields: list[Leaf], two_d: bool) -> tuple:
     """How a sub-encoder's input is read from a row: ``(codec, [(start, end, dtype, shape), ...])``. One field is
     its view; several are the codec's view of them (a string codec's ``(chars, length)``, a tuple by default)."""
     spans = [(f.offset, f.offset + f.nbytes, TORCH_DTYPES["uint8" if f.dtype == np.bool_ else f.dtype.name],
-              (-1,) if two_d else f.shape) for f in fields]
+              (math.prod(f.shape),) if two_d else f.shape) for f in fields]
     return (fields[0].codec if len(fields) > 1 else None), spans
 
 
 def _read(rows: torch.Tensor, plan: tuple) -> Any:
     codec, spans = plan
-    views = [_view(rows, *span) for span in spans]
+    batch = tuple(rows.shape[:1])
+    views = [leaf_view(rows, batch, *span) for span in spans]  # bool leaves: their bytes (the span's uint8)
     return codec.view(tuple(views)) if codec is not None else views[0]
-
-
-def _view(rows: torch.Tensor, start: int, end: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    """Bytes ``[start, end)`` of rows ``(B, nbytes)`` as ``(B, *shape)`` of ``dtype`` (bool leaves: their bytes)."""
-    if start == end:
-        return torch.empty((rows.shape[0], *shape) if shape != (-1,) else (rows.shape[0], 0), dtype=dtype,
-                           device=rows.device)
-    part = rows[:, start:end]
-    if dtype != torch.uint8:
-        part = part.view(dtype)
-    return part if shape == (-1,) or (len(shape) == 1 and shape[0] == part.shape[1]) else part.reshape((-1, *shape))
 
 
 def _is_passthrough(x: torch.Tensor, leaf: Leaf, dtype: torch.dtype) -> bool:
