@@ -172,7 +172,8 @@ def test_docs_python_blocks_compile(page):
     for lang, body in re.findall(r"^ *```(\w*)\n(.*?)^ *```", page.read_text(), re.M | re.S):
         if lang == "python":
             indent = min(len(line) - len(line.lstrip()) for line in body.splitlines() if line.strip())
-            compile("\n".join(line[indent:] for line in body.splitlines()), str(page), "exec")
+            code = compile("\n".join(line[indent:] for line in body.splitlines()), str(page), "exec")
+            assert code.co_filename == str(page)
 
 
 def test_docs_codec_example_is_the_tested_one():

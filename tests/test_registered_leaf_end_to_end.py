@@ -297,9 +297,9 @@ def test_an_action_outside_a_field_is_refused_by_name(registered):
 
 # ---------------------------------------------------------------- vector backends
 
-def run_backend(env, steps: int = 20) -> None:
+def run_backend(env, steps: int = 20) -> int:
     """Step with random policy actions: the env pays native_reward of what it received, which must be
-    the decode of what was sent; every observation row reads back as a sample of OBS."""
+    the decode of what was sent; every observation row reads back as a sample of OBS. Returns the rows checked."""
     layout = env.emulated.observation
     rng = np.random.default_rng(0)
     obs, _ = env.reset(seed=0)
@@ -310,12 +310,13 @@ def run_backend(env, steps: int = 20) -> None:
         assert rewards.tolist() == [choice_reward(a) for a in actions]
         for row in obs:
             assert OBS.contains(layout.to_native(layout.unpack(row)))
+    return steps * env.num_envs
 
 
 def test_serial(registered):
     env = vector.make(make_env, 3, backend="serial", seed=0)
     try:
-        run_backend(env)
+        assert run_backend(env) == 20 * env.num_envs
     finally:
         env.close()
 
@@ -323,7 +324,7 @@ def test_serial(registered):
 def test_multiprocessing_spawn_workers_get_the_registration(registered):
     env = vector.make(make_env, 4, backend="multiprocessing", num_workers=2, seed=0, context="spawn")
     try:
-        run_backend(env)
+        assert run_backend(env) == 20 * env.num_envs
     finally:
         env.close()
 
@@ -339,7 +340,7 @@ def test_ray_actors_get_the_registration(registered, ray_runtime):
     env = vector.make(make_env, 2, backend="ray", num_workers=2, seed=0,
                       actor_options={"runtime_env": {"env_vars": {"PYTHONPATH": path}}})
     try:
-        run_backend(env)
+        assert run_backend(env) == 20 * env.num_envs
     finally:
         env.close()
 
