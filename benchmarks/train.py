@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -107,6 +107,47 @@ def sync_cartpoles(num_envs: int) -> gym.vector.SyncVectorEnv:
     next step and ignoring that step's action, which its dones bookkeeping does not expect."""
     return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def cleanrl_update(agent: nn.Module, optimizer: torch.optim.Optimizer, args: Any, batch: tuple,
+                   minibatch_size: int) -> None:
+    """ppo.py's update: ``update_epochs`` passes of shuffled minibatches with the clipped policy and value losses.
+    ``batch`` is ``(b_obs, b_logprobs, b_actions, b_advantages, b_returns, b_values)``; ``agent`` has
+    ``get_action_and_value(obs, action)``. Shared by the discrete and the continuous CleanRL-style loops."""
+    b_obs, b_logprobs, b_actions, b_advantages, b_returns, b_values = batch
+    batch_size = len(b_logprobs)
+    b_inds = np.arange(batch_size)
+    for _ in range(args.update_epochs):
+        np.random.shuffle(b_inds)
+        for s in range(0, batch_size, minibatch_size):
+            mb = b_inds[s:s + minibatch_size]
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+            ratio = (newlogprob - b_logprobs[mb]).exp()
+
+            mb_advantages = b_advantages[mb]
+            if args.norm_adv:
+                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+            pg_loss1 = -mb_advantages * ratio
+            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+            newvalue = newvalue.view(-1)
+            if args.clip_vloss:
+                v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
+                v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
+                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+            else:
+                v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+
+            entropy_loss = entropy.mean()
+            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
 
 
 def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs(),
@@ -178,38 +219,8 @@ def cleanrl_ppo(total_steps: int, seed: int = 0, args: CleanRLArgs = CleanRLArgs
         b_obs, b_logprobs, b_actions = obs.reshape(-1, obs_dim), logprobs.reshape(-1), actions.reshape(-1)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
-        b_inds = np.arange(batch_size)
-        for _ in range(args.update_epochs):
-            np.random.shuffle(b_inds)
-            for s in range(0, batch_size, minibatch_size):
-                mb = b_inds[s:s + minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions.long()[mb])
-                ratio = (newlogprob - b_logprobs[mb]).exp()
-
-                mb_advantages = b_advantages[mb]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                newvalue = newvalue.view(-1)
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
-                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+        cleanrl_update(agent, optimizer, args, (b_obs, b_logprobs, b_actions.long(), b_advantages, b_returns, b_values),
+                       minibatch_size)
 
         spent["update"] += time.perf_counter() - toc
         if callback is not None:

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from train import _layer
+from train import _layer, cleanrl_update
 
 
 @dataclass(frozen=True)
@@ -145,38 +145,8 @@ def cleanrl_ppo_continuous(env_id: str, total_steps: int, seed: int = 0, args: C
         b_obs, b_logprobs, b_actions = obs.reshape(-1, obs_dim), logprobs.reshape(-1), actions.reshape(-1, act_dim)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
-        b_inds = np.arange(batch_size)
-        for _ in range(args.update_epochs):
-            np.random.shuffle(b_inds)
-            for s in range(0, batch_size, minibatch_size):
-                mb = b_inds[s:s + minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                ratio = (newlogprob - b_logprobs[mb]).exp()
-
-                mb_advantages = b_advantages[mb]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                newvalue = newvalue.view(-1)
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
-                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (v_clipped - b_returns[mb]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+        cleanrl_update(agent, optimizer, args, (b_obs, b_logprobs, b_actions, b_advantages, b_returns, b_values),
+                       minibatch_size)
         if callback is not None:
             callback(global_step, finished)
     stats = _obs_stats(envs)
