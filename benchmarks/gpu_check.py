@@ -136,19 +136,25 @@ def profile_collect(ppo, sync) -> tuple[float, float, dict]:
     return busy_us * 1e-6 / wall, launches / ppo.config.num_steps, {e.key: e.count for e in averages}
 
 
+def default_ppo(env, device: str, bf16: bool):
+    """PPO as every row of this script runs it: the default policy (hidden 128), 64 steps, 2 epochs x 4 minibatches."""
+    from packrl.models import Policy
+    from packrl.train.ppo import PPO, PPOConfig
+
+    return PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
+                                                                learning_rate=1e-3, device=device, bf16=bf16))
+
+
 def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool) -> dict:
     """One PPO configuration's split: env-only rate, collect and update ms per iteration (median), end-to-end agent
     steps/s (profiler off), then one profiled collect: device-busy share and launches per step."""
     import torch
 
     from packrl import vector
-    from packrl.models import Policy
-    from packrl.train.ppo import PPO, PPOConfig
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     env = vector.make(env_id, num_envs, backend="numba", seed=0)
-    ppo = PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
-                                                               learning_rate=1e-3, device=device, bf16=bf16))
+    ppo = default_ppo(env, device, bf16)
     ppo.collect()  # the first iteration captures the rollout's CUDA graphs
     ppo.update()
     sync()
@@ -187,12 +193,9 @@ def learn(seconds: float, num_envs: int, device: str, bf16: bool, target: float 
     import torch
 
     from packrl import vector
-    from packrl.models import Policy
-    from packrl.train.ppo import PPO, PPOConfig
 
     env = vector.make("gridworld", num_envs, backend="numba", seed=0)
-    ppo = PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
-                                                               learning_rate=1e-3, device=device, bf16=bf16))
+    ppo = default_ppo(env, device, bf16)
     start, history, reached = time.perf_counter(), [], []
 
     def stop(stats: dict):
