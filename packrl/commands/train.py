@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="two-player zero-sum games: win/draw/loss against a random opponent every ITERS "
                           "iterations (default 10; 0: never)")
     run.add_argument("--versus-games", type=positive_int, default=20, metavar="N", help="games per check (default 20)")
+    run.add_argument("--collective-timeout", type=positive_float, default=60.0, metavar="S",
+                     help="under torchrun: seconds a rank waits for the others in a collective before it stops with "
+                          "an error naming the lost rank (default 60)")
     run.add_argument("--torch-threads", type=positive_int, metavar="N",
                      help="torch intra-op threads on CPU (default 1, or OMP_NUM_THREADS when set: a small policy "
                           "gains little from more, and loses several-fold when another process holds a core)")
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace, config: dict) -> int:
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
         live=not args.no_live, tensorboard=args.tensorboard, log_seconds=args.log_seconds,
         versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None),
-        max_policy_bytes=int(args.max_policy_gib * (1 << 30)))
+        max_policy_bytes=int(args.max_policy_gib * (1 << 30)), collective_timeout=args.collective_timeout)
     if args.resume is not None:
         fixed = sorted(given - RESUME_CHANGEABLE)
         fixed += ["--config"] if getattr(args, "config", None) else []
@@ -69,9 +72,13 @@ def run(args: argparse.Namespace, config: dict) -> int:
         return train_run(config, options, Console()).code
     except PackrlError as err:
         from packrl.run_folders import error_line
+        from packrl.train.distributed import DivergedError, LostRankError
+        from packrl.train.session import EXIT_STOPPED_BY_ERROR
 
-        print(f"packrl train: {error_line(err)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        if not getattr(err, "quiet", False):  # a quiet error: rank 0 printed it
+            print(f"packrl train: {error_line(err)}", file=sys.stderr)
+        # a rank lost, or ranks whose weights differ: a run that failed, not a bad setting
+        return EXIT_STOPPED_BY_ERROR if isinstance(err, (LostRankError, DivergedError)) else EXIT_BAD_INPUT
 
 
 def _set_torch_threads(threads: int | None) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from packrl.checkpoint import CheckpointError
 from packrl.config import LEAF_ENCODERS, MAX_HIDDEN
 
-__all__ = ["MAX_HIDDEN", "checked_config", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
+__all__ = ["MAX_HIDDEN", "checked_config", "checked_distributed", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
 
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
 CRITICS = ("shared", "separate")
@@ -64,6 +64,31 @@ def checked_config(metadata: dict, file: Path) -> dict:
     if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in LEAF_ENCODERS for k, v in overrides.items()):
         raise bad("policy.overrides", f"must map leaf paths to one of {list(LEAF_ENCODERS)}")
     return {**config, "env": env, "policy": policy}
+
+
+MAX_WORLD_SIZE = 1 << 16
+"""The most ranks a checkpoint may say its run had."""
+
+
+def checked_distributed(metadata: dict, file: Path) -> tuple[int, list]:
+    """``(world_size, resume_by_rank)`` of a checkpoint: its ``distributed`` field, written by a data-parallel run
+    (``packrl.train.session.Checkpoints``), or ``(1, [None])`` without one. ``resume_by_rank[r]`` is rank r's
+    training state (None for rank 0, whose state is ``resume``). CheckpointError names a malformed field."""
+    field = metadata.get("distributed")
+    if field is None:
+        return 1, [None]
+    if not isinstance(field, dict):
+        raise CheckpointError(f"{file}: field 'distributed' is not an object")
+    world = field.get("world_size")
+    if type(world) is not int or not 1 <= world <= MAX_WORLD_SIZE:
+        raise CheckpointError(f"{file}: field 'distributed.world_size' is {world!r}; expected an integer from 1 to "
+                              f"{MAX_WORLD_SIZE}")
+    states = field.get("resume_by_rank")
+    if not isinstance(states, list) or len(states) != world or \
+            not all(isinstance(s, dict) for s in states[1:]):
+        raise CheckpointError(f"{file}: field 'distributed.resume_by_rank' must list one training state per rank "
+                              f"({world}; null for rank 0)")
+    return world, states
 
 
 DATA_ENV_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)?")

@@ -163,9 +163,10 @@ def build_ppo(config: dict) -> PPO:
 # ---------------------------------------------------------------- checkpoints
 
 
-def save(ppo: PPO, config: dict, path: str | Path, history: list[dict]) -> Path:
+def save(ppo: PPO, config: dict, path: str | Path, history: list[dict], extra: dict | None = None) -> Path:
     """A checkpoint of ``ppo`` at an iteration boundary: weights, optimizer, and under ``resume`` the counters
-    and RNG states ``PPO.load_training_state`` continues from (``packrl train --resume``)."""
+    and RNG states ``PPO.load_training_state`` continues from (``packrl train --resume``). ``extra``: more
+    metadata fields (a data-parallel run's ``distributed``)."""
     env = ppo.env
     layouts = {"observation": env.emulated.observation, "action": env.emulated.action.layout}
     returns = [h["episode_return"] for h in history if isinstance(h.get("episode_return"), float)
@@ -173,7 +174,8 @@ def save(ppo: PPO, config: dict, path: str | Path, history: list[dict]) -> Path:
     return save_checkpoint(path, ppo.policy.state_dict(), config=config, layouts=layouts,
                            env_id=config["env"]["id"], seed=ppo.config.seed, optimizer=ppo.optimizer.state_dict(),
                            global_step=ppo.global_step, iteration=ppo.iteration,
-                           last_episode_return=returns[-1] if returns else None, resume=ppo.training_state())
+                           last_episode_return=returns[-1] if returns else None, resume=ppo.training_state(),
+                           **(extra or {}))
 
 
 MAX_POLICY_BYTES = 2 << 30

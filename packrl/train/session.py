@@ -80,6 +80,7 @@ class RunOptions:
     versus_games: int = 20
     preamble: str | None = None  # a line printed once the run is set up (the CLI's preset line)
     max_policy_bytes: int = 2 << 30  # with resume: the largest policy a checkpoint may rebuild
+    collective_timeout: float = 60.0  # under torchrun: seconds a collective waits for the other ranks
 
 
 @dataclass
@@ -161,8 +162,11 @@ class History:
     """history.jsonl written line by line as iterations end (a crash keeps every finished iteration): rewritten
     atomically when opened, then appended to through a descriptor that was not opened through a symlink."""
 
-    def __init__(self, path: Path, keep_until_iteration: int | None = None):
-        self.path = path
+    def __init__(self, path: Path | None, keep_until_iteration: int | None = None):
+        self.path, self.file = path, None
+        self.rows = []
+        if path is None:  # a rank other than 0 of a data-parallel run: rows kept, nothing written
+            return
         self.rows = read_history(path) if keep_until_iteration is not None else []
         if keep_until_iteration is not None:  # a resumed run drops what came after its checkpoint
             self.rows = [r for r in self.rows if r.get("iteration", 0) <= keep_until_iteration]
@@ -171,11 +175,13 @@ class History:
 
     def append(self, stats: dict) -> None:
         self.rows.append(stats)
-        self.file.write(history_line(stats) + "\n")
-        self.file.flush()
+        if self.file is not None:
+            self.file.write(history_line(stats) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -183,14 +189,21 @@ class History:
 
 class Checkpoints:
     """Saves ``checkpoint/`` and the periodic ``checkpoints/step-<N>/`` of a run, keeping the newest ``keep``
-    periodic ones. An old checkpoint is removed only after the new one is completely written."""
+    periodic ones. An old checkpoint is removed only after the new one is completely written.
 
-    def __init__(self, folder: Path, every_steps: int | None, every_minutes: float | None, keep: int, step: int):
+    In a data-parallel run (``group``) every rank calls the saves at the same iterations: the ranks first prove
+    their weights bit-identical (``Group.check_identical``) and hand rank 0 their training states, then rank 0
+    alone writes, recording ``distributed`` (world size, backend, per-rank seeds, weight digests, and each other
+    rank's training state for ``--resume``) in the metadata."""
+
+    def __init__(self, folder: Path, every_steps: int | None, every_minutes: float | None, keep: int, step: int,
+                 group: Any = None):
         if keep < 1:
             raise RunError(f"--keep {keep}: keep at least 1 periodic checkpoint")
         if every_steps is not None and every_steps < 1:
             raise RunError(f"--checkpoint-every {every_steps}: give a positive number of agent steps")
-        self.folder, self.every_steps, self.keep = folder, every_steps, keep
+        self.folder, self.every_steps, self.keep, self.group = folder, every_steps, keep, group
+        self.writes = group is None or group.main
         self.every_seconds = every_minutes * 60.0 if every_minutes else None
         self.last_step, self.last_time = step, time.monotonic()
         self.latest: Path | None = None
@@ -203,17 +216,44 @@ class Checkpoints:
     def save_periodic(self, ppo: Any, config: dict, history: list[dict]) -> Path:
         from packrl.train.run import save
 
-        path = save(ppo, config, inside(self.folder, f"checkpoints/step-{ppo.global_step:012d}"), history)
-        self.save_latest(ppo, config, history)
-        self._rotate(keep=path)
+        extra = self._ranks(ppo, config)
+        path = self.folder / f"checkpoints/step-{ppo.global_step:012d}"
+        if self.writes:
+            path = save(ppo, config, inside(self.folder, f"checkpoints/step-{ppo.global_step:012d}"), history, extra)
+        self._save_latest(ppo, config, history, extra)
+        if self.writes:
+            self._rotate(keep=path)
         return path
 
     def save_latest(self, ppo: Any, config: dict, history: list[dict]) -> Path:
+        return self._save_latest(ppo, config, history, self._ranks(ppo, config))
+
+    def _save_latest(self, ppo: Any, config: dict, history: list[dict], extra: dict | None) -> Path:
         from packrl.train.run import save
 
-        self.latest = save(ppo, config, inside(self.folder, "checkpoint"), history)
+        self.latest = save(ppo, config, inside(self.folder, "checkpoint"), history, extra) if self.writes \
+            else self.folder / "checkpoint"
         self.last_step, self.last_time = ppo.global_step, time.monotonic()
         return self.latest
+
+    def _ranks(self, ppo: Any, config: dict) -> dict | None:
+        """A data-parallel run's ``distributed`` metadata (collectives: every rank calls this at the same
+        iteration); None for one process."""
+        from packrl.train.distributed import env_seed, rank_seed
+
+        group = self.group
+        if group is None:
+            return None
+        digests = group.check_identical(ppo.policy, f"iteration {ppo.iteration} (step {ppo.global_step:,})")
+        states = group.gather_text(json.dumps(ppo.training_state()))
+        seed, num_envs = ppo.config.seed, int(config["vec"]["num_envs"])
+        return {"distributed": {
+            "world_size": group.world, "backend": group.backend,
+            "rank_seeds": [rank_seed(seed, r) for r in range(group.world)],
+            "env_seeds": [env_seed(seed, r, group.world, num_envs, ppo.iteration) for r in range(group.world)],
+            "weights_sha256": digests,
+            "resume_by_rank": [None] + [json.loads(text) for text in states[1:]],  # rank 0's is ``resume``
+        }}
 
     def _rotate(self, keep: Path) -> None:
         """Remove periodic checkpoints beyond the newest ``keep`` (by write time: after a resume from an
@@ -241,6 +281,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         self.board: Any = None  # the Dashboard to tell (its live view shows the notice)
+        self.quiet = False  # a rank other than 0: no notice
         self._previous: dict = {}
 
     def __enter__(self) -> "StopSignals":
@@ -259,6 +300,8 @@ class StopSignals:
         self.received = signum
         notice = (f"{signal.Signals(signum).name}: stopping at the end of this iteration to save a checkpoint"
                   + (" (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""))
+        if self.quiet:
+            return
         if self.board is not None and self.board.live is not None:
             self.board.notice = notice
         else:  # one small write, safe in a signal handler
@@ -284,52 +327,111 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     raise (``PackrlError``: the caller prints them, exit 2); what happens once training started is
     told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
     the training loop (``_train``), the closing report (``_report``)."""
+    from packrl.train.distributed import env_seed, is_collective_error, join
     from packrl.train.ppo import seed_everything
     from packrl.train.run import make_vecenv, ppo_config
 
+    group = join(options.collective_timeout)  # under torchrun: this process is one rank of the run
+    main = group is None or group.main
     console = console or Console()
-    resumed = _resume_from(options, config, console) if options.resume is not None else None
-    config = resumed.config if resumed is not None else config
-    folder = _run_folder(options, config, resumed)
-    cfg = ppo_config(config)
-    seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
+    if not main:  # ranks other than 0 print nothing but errors (on stderr, by the caller)
+        console = Console(quiet=True)
     try:
-        vecenv = make_vecenv(config, seed=cfg.seed)
-    except BaseException:
-        _remove_if_empty(folder)
-        raise
-    history = None
-    try:
-        ppo = _trainer(vecenv, config, cfg, options, resumed)
-        history = History(folder / "history.jsonl", keep_until_iteration=ppo.iteration if resumed else None)
-        checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
-                                  ppo.global_step)
-        code, error = _train(ppo, config, options, folder, history, checkpoints, resumed, console)
-    except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
-        return _interrupted(folder, console)
-    except BaseException:  # the run could not start: leave no empty run folder behind
-        if history is None:
-            _remove_if_empty(folder)
+        resumed = _resume_from(options, config, console, group) if options.resume is not None else None
+        config = resumed.config if resumed is not None else config
+        folder = _run_folder(options, config, resumed, group)
+        cfg = ppo_config(config)
+        seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
+        try:
+            vecenv = make_vecenv(config, seed=cfg.seed if group is None else
+                                 env_seed(cfg.seed, group.rank, group.world, int(config["vec"]["num_envs"])))
+        except BaseException:
+            if main:
+                _remove_if_empty(folder)
+            raise
+        history = None
+        try:
+            ppo = _trainer(vecenv, config, cfg, options, resumed, group)
+            history = History(folder / "history.jsonl" if main else None,
+                              keep_until_iteration=ppo.iteration if resumed else None)
+            checkpoints = Checkpoints(folder, options.checkpoint_every, options.checkpoint_minutes, options.keep,
+                                      ppo.global_step, group)
+            code, error = _train(ppo, config, options, folder, history, checkpoints, resumed, console, group)
+        except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
+            return _interrupted(folder, console) if main else RunResult(EXIT_SIGINT, folder, None, 0, None)
+        except BaseException:  # the run could not start: leave no empty run folder behind
+            if history is None and main:
+                _remove_if_empty(folder)
+            raise
+        finally:
+            vecenv.close()
+            if history is not None:
+                history.close()
+        return _report(ppo, folder, history, checkpoints, code, error, console, group)
+    except RuntimeError as err:  # a collective before or after training: a rank was lost
+        if group is not None and is_collective_error(err) and not isinstance(err, PackrlError):
+            raise group.lost(err) from None
         raise
     finally:
-        vecenv.close()
-        if history is not None:
-            history.close()
-    return _report(ppo, folder, history, checkpoints, code, error, console)
+        if group is not None:
+            group.close()
 
 
-def _resume_from(options: RunOptions, given: dict, console: Console) -> Resumed:
+class RankZeroRefused(RunError):
+    """Rank 0 refused the run (its folder or checkpoint); the other ranks stop with it and leave the message
+    to rank 0 (``quiet``: the command prints nothing more)."""
+
+    quiet = True
+
+
+def _from_rank_zero(group: Any, decide: Any) -> str:
+    """``decide()`` (a string) on rank 0, handed to every rank; a PackrlError there reaches every rank (rank 0
+    raises its own, the others a quiet RankZeroRefused)."""
+    if group is None:
+        return decide()
+    if group.main:
+        try:
+            answer = decide()
+        except PackrlError as err:
+            group.broadcast_text(json.dumps({"error": str(err)}))
+            raise
+        group.broadcast_text(json.dumps({"answer": answer}))
+        return answer
+    told = json.loads(group.broadcast_text(None))
+    if "error" in told:
+        raise RankZeroRefused(f"rank 0 refused the run: {told['error']}")
+    return told["answer"]
+
+
+def _resume_from(options: RunOptions, given: dict, console: Console, group: Any = None) -> Resumed:
     """The newest loadable checkpoint of ``--resume`` (naming those skipped), its training state, and the config it
-    recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env."""
+    recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env.
+    In a data-parallel run rank 0 chooses the checkpoint and every rank loads it; its recorded world size must be
+    this run's, and each rank continues from its own recorded training state."""
     from packrl.checkpoint import load_checkpoint
+    from packrl.train.checkpoint_env import checked_distributed
     from packrl.train.run import env_creator
 
-    checkpoint_path, resume_folder, skipped = newest_checkpoint(options.resume)
-    for line in skipped:
-        console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
+    def choose() -> str:
+        checkpoint, folder, skipped = newest_checkpoint(options.resume)
+        for line in skipped:
+            console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
+        return json.dumps([str(checkpoint), None if folder is None else str(folder)])
+
+    chosen, chosen_folder = json.loads(_from_rank_zero(group, choose))
+    checkpoint_path, resume_folder = Path(chosen), None if chosen_folder is None else Path(chosen_folder)
     policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
     if not isinstance(metadata.get("resume"), dict):
         raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
+    world, by_rank = checked_distributed(metadata, checkpoint_path / "metadata.json")
+    rank, ranks = (0, 1) if group is None else (group.rank, group.world)
+    if world != ranks:
+        how = f"torchrun --nproc-per-node {world} (over all nodes: {world} ranks)" if world > 1 else \
+            "one process (without torchrun)"
+        raise RunError(f"--resume {checkpoint_path}: the run was trained with world_size {world} (its metadata's "
+                       f"distributed.world_size) and this one has {ranks}; each rank continues its own envs and "
+                       f"random streams, so resume it with {how}")
+    state = metadata["resume"] if rank == 0 else by_rank[rank]
     config = _resumed_config(metadata, checkpoint_path, given, options)
     if not options.env_given:  # a checkpoint is data: its env id never names code to run
         env = config["env"]
@@ -344,12 +446,17 @@ def _resume_from(options: RunOptions, given: dict, console: Console) -> Resumed:
                            "call, which is never run because a checkpoint recorded it; give the env on the command "
                            f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
                            ) from None
-    return Resumed(config, checkpoint_path, resume_folder, (metadata["resume"], policy_state, optimizer_state))
+    return Resumed(config, checkpoint_path, resume_folder, (state, policy_state, optimizer_state))
 
 
-def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None) -> Path:
+def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None, group: Any = None) -> Path:
     """The run folder: the resumed run's own (unless --out or --name asks for another), else a new one. A symlink
-    planted where the run writes is refused before anything runs."""
+    planted where the run writes is refused before anything runs. In a data-parallel run rank 0 makes it and
+    tells the other ranks its path (they never write there)."""
+    return Path(_from_rank_zero(group, lambda: str(_make_run_folder(options, config, resumed))))
+
+
+def _make_run_folder(options: RunOptions, config: dict, resumed: Resumed | None) -> Path:
     if resumed is not None and resumed.folder is not None and options.out is None and options.name is None:
         folder = resumed.folder
         mark(folder)  # a run folder from before the marker: adopted as packrl's own
@@ -360,17 +467,22 @@ def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None) -> P
     return folder
 
 
-def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: Resumed | None) -> Any:
+def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: Resumed | None,
+             group: Any = None) -> Any:
     """PPO over the run's policy; a resumed run's architecture is checked against its weights (shapes and memory)
-    before anything is allocated, then its training state loaded."""
+    before anything is allocated, then its training state loaded. In a data-parallel run PPO starts every rank
+    from rank 0's weights, and each rank but 0 draws from generators of its own seed (``rank_seed``)."""
     from packrl.checkpoint import WEIGHTS, checkpoint_folder
-    from packrl.train.ppo import PPO
+    from packrl.train.distributed import rank_seed
+    from packrl.train.ppo import PPO, seed_everything
     from packrl.train.run import check_architecture, make_policy
 
     if resumed is not None:
         check_architecture(vecenv, config["policy"], checkpoint_folder(resumed.checkpoint) / WEIGHTS,
                            options.max_policy_bytes)
     ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
+    if group is not None and not group.main:
+        seed_everything(rank_seed(cfg.seed, group.rank))
     if resumed is not None:
         try:
             ppo.load_training_state(*resumed.state)
@@ -381,35 +493,47 @@ def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: 
 
 
 def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: History, checkpoints: Checkpoints,
-           resumed: Resumed | None, console: Console) -> tuple[int, BaseException | None]:
+           resumed: Resumed | None, console: Console, group: Any = None) -> tuple[int, BaseException | None]:
     """The training loop with its dashboard, history, periodic checkpoints and signals; the last checkpoint and the
-    learning curve after it. ``(exit code, the error that stopped training or None)``."""
+    learning curve after it. ``(exit code, the error that stopped training or None)``.
+
+    In a data-parallel run every rank runs this loop; once per iteration the ranks agree (one all-reduce,
+    ``_agree``) on stopping (a signal to any rank stops all of them at that iteration), on a periodic checkpoint
+    (rank 0's clock decides) and on the episode figures (over all ranks' episodes). Rank 0 alone writes history,
+    dashboard, TensorBoard, checkpoints and the curve. A collective that fails (a rank lost) stops training
+    with exit code 3 and nothing saved."""
     from packrl.train.dashboard import Dashboard
+    from packrl.train.distributed import DivergedError, is_collective_error
     from packrl.train.ppo import NonFiniteError
     from packrl.train.run import plot_learning_curve
 
+    main = group is None or group.main
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
-    versus = _versus_check(env_id, config, options)
+    versus = _versus_check(env_id, config, options) if main else None
     if resumed is not None:
         console.print(escape(printable(f"resuming {folder} from {resumed.checkpoint} (step {ppo.global_step:,}, "
                                        "its recorded settings)")), highlight=False, soft_wrap=True)
     elif options.preamble:
         console.print(escape(options.preamble), highlight=False, soft_wrap=True)
-    title = f"packrl PPO on {env_id} ({ppo.env.num_agents} rows, {ppo.device})"
-    board = Dashboard(title, total, live=options.live and console.is_terminal,
-                      tensorboard=_tensorboard_folder(options.tensorboard, folder),
+    ranks = f" x {group.world} ranks" if group is not None else ""
+    title = f"packrl PPO on {env_id} ({ppo.env.num_agents} rows{ranks}, {ppo.device})"
+    board = Dashboard(title, total, live=options.live and console.is_terminal and main,
+                      tensorboard=_tensorboard_folder(options.tensorboard, folder) if main else None,
                       log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
                       versus=versus is not None)
     stops = StopSignals()
-    stops.board = board
+    stops.board, stops.quiet = board, not main
 
     def callback(stats: dict) -> bool:
         if versus is not None and stats["iteration"] % options.versus_every == 0:
             stats.update({f"vs_random/{k}": v for k, v in versus(ppo.policy, stats["iteration"]).items()
                           if k != "games"})
+        due = main and stats["global_step"] < total and checkpoints.due(stats["global_step"])
+        if group is not None:
+            due = _agree(group, stats, stops, due)
         history.append(stats)
         board.update(stats)
-        if stops.received is None and stats["global_step"] < total and checkpoints.due(stats["global_step"]):
+        if stops.received is None and due:
             checkpoints.save_periodic(ppo, config, history.rows)
         return stops.received is None
 
@@ -423,12 +547,52 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
                             **getattr(err, "stats", {}), "error": str(err)})
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
             code = EXIT_SIGINT
+        except RuntimeError as err:  # a collective failed: the weights may be half updated, nothing is saved
+            if group is None or not is_collective_error(err):
+                raise
+            code, error = EXIT_STOPPED_BY_ERROR, group.lost(err)
+            history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step, "error": str(error)})
         if code == EXIT_OK:
-            if stops.received is not None:
-                code = SIGNAL_EXIT[stops.received]
-            checkpoints.save_latest(ppo, config, history.rows)
-        plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
+            try:
+                if group is not None:  # a signal that came after the last iteration's agreement
+                    _agree(group, None, stops, False)
+                if stops.received is not None:
+                    code = SIGNAL_EXIT[stops.received]
+                checkpoints.save_latest(ppo, config, history.rows)
+                if group is not None:
+                    group.barrier()  # every rank leaves once rank 0 has written the checkpoint
+            except (DivergedError, RuntimeError) as err:
+                if group is None or not (isinstance(err, DivergedError) or is_collective_error(err)):
+                    raise
+                code, error = EXIT_STOPPED_BY_ERROR, err if isinstance(err, DivergedError) else group.lost(err)
+        if main:
+            plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
     return code, error
+
+
+def _agree(group: Any, stats: dict | None, stops: StopSignals, due: bool) -> bool:
+    """One all-reduce per iteration: whether rank 0 asks for a periodic checkpoint (returned), the signals the
+    ranks received (every rank takes the first stopping rank's signal, so all stop at this iteration), and the
+    episodes ended on all ranks (``stats``' episode figures become their means over all ranks)."""
+    episodes = float(stats.get("episodes", 0)) if stats is not None else 0.0
+    values = [float(due), episodes,
+              episodes * stats["episode_return"] if episodes else 0.0,
+              episodes * stats["episode_length"] if episodes else 0.0]
+    values += [float(stops.received or 0) if r == group.rank else 0.0 for r in range(group.world)]
+    summed = group.sum(values)
+    stopping = [r for r, signum in enumerate(summed[4:]) if signum]
+    if stopping:
+        stops.received, group.stopping = int(summed[4 + stopping[0]]), stopping
+    if stats is not None:
+        total_episodes = summed[1]
+        stats["episodes"] = int(total_episodes)
+        if total_episodes:
+            stats["episode_return"] = summed[2] / total_episodes
+            stats["episode_length"] = summed[3] / total_episodes
+        else:
+            stats.pop("episode_return", None)
+            stats.pop("episode_length", None)
+    return summed[0] > 0
 
 
 def _interrupted(folder: Path, console: Console) -> RunResult:
@@ -446,14 +610,21 @@ def _interrupted(folder: Path, console: Console) -> RunResult:
 
 
 def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, code: int,
-            error: BaseException | None, console: Console) -> RunResult:
+            error: BaseException | None, console: Console, group: Any = None) -> RunResult:
     """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
-    folder, the checkpoint with its hash and the learning curve."""
+    folder, the checkpoint with its hash and the learning curve. A rank other than 0 prints only its error (on
+    stderr: its console is quiet) and reads nothing rank 0 wrote."""
     from packrl.checkpoint import read_metadata
 
     returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
     last = returns[-1] if returns else None
     latest = checkpoints.latest
+    if group is not None and not group.main:
+        if error is not None:
+            from packrl.run_folders import printable
+
+            os.write(2, (printable(f"packrl train: training stopped: {error_line(error, ppo)}") + "\n").encode())
+        return RunResult(code, folder, latest, ppo.global_step, last)
     if error is not None:
         kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
             "no checkpoint had been saved yet"
@@ -463,9 +634,13 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
                       highlight=False, soft_wrap=True)
     elif code in (EXIT_SIGINT, EXIT_SIGTERM):
         why = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT (Ctrl-C)"
+        if group is not None:
+            stopping = group.stopping
+            why += f" on rank{'s' if len(stopping) > 1 else ''} {', '.join(map(str, stopping))}" if stopping else ""
+        again = "packrl train" if group is None else f"the same torchrun command ({group.world} ranks) with"
         if latest is not None and checkpoints.last_step == ppo.global_step:
             console.print(f"[yellow]stopped by {why} (interrupted) at {ppo.global_step:,} steps; checkpoint saved; "
-                          f"continue with: packrl train --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
+                          f"continue with: {again} --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
         else:
             saved = _newest_saved(folder)  # this session's, or the one a resumed run started from
             resume = f"; the last checkpoint is {saved[0]} (step {saved[1]:,}); continue with: packrl train " \
