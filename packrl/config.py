@@ -138,6 +138,9 @@ class PolicyConfig:
     squash_actions: bool = field(default=True, metadata=_meta(
         "Box actions: a Gaussian squashed into the space's bounds (true), or unbounded and clipped at the env (false, "
         "CleanRL's ppo_continuous_action)"))
+    activation: Literal["relu", "tanh"] = field(default="relu", metadata=_meta(
+        "nonlinearity of the encoder's projection and the mlp layers (tanh: CleanRL's and SB3's continuous-control "
+        "networks)"))
     log_std_init: float = field(default=0.0, metadata=_meta(
         "initial log standard deviation of Box action heads (state-independent, learned)", Range(-5.0, 2.0)))
     overrides: dict = field(default_factory=dict, metadata=_meta(

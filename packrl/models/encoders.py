@@ -36,6 +36,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
+from packrl.models.networks import activation
 from packrl.nativize import TORCH_DTYPES, check_rows, leaf_view, leaf_views, nativize, torch_dtype
 from packrl.running_moments import merge_moments
 
@@ -454,7 +455,7 @@ def leaf_tensors(x: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 
 class LayoutEncoder(nn.Module):
     """Rows ``(..., nbytes)`` uint8 -> features ``(..., hidden)``: each leaf path embedded by its sub-encoder, the
-    embeddings side by side, one ``Linear + ReLU`` projection.
+    embeddings side by side, one ``Linear + ReLU`` projection (``activation_name="tanh"``: ``Linear + tanh``).
 
     The leaves read by the flat encoder (numbers, small images, every field of a registered leaf) are read
     together: per dtype present, one slice of the row, one dtype view and one float cast, then one affine scaling
@@ -466,9 +467,11 @@ class LayoutEncoder(nn.Module):
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
 
-    def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None, normalize: bool = False):
+    def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None, normalize: bool = False,
+                 activation_name: str = "relu"):
         super().__init__()
         self.layout, self.hidden = layout, hidden
+        self._act, act_module = activation(activation_name)
         self.normalize = normalize
         self.output_size = hidden
         overrides = {(k if isinstance(k, tuple) else (k,)): v for k, v in (overrides or {}).items()}
@@ -502,7 +505,7 @@ class LayoutEncoder(nn.Module):
         self.leaf_encoders = nn.ModuleList(encoders)
         self._plan_flat(flat_fields)
         self.concat_size = self.flat_size + sum(m.output_size for m in encoders)
-        self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), nn.ReLU())
+        self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), act_module())
         self._linear = (self.project[0],)  # a plain tuple: Sequential indexing costs a microsecond a call
         self._passthrough: dict = {}  # (dtype, shape) -> whether such input is the Box itself
         self.passthrough_leaf = layout.box
@@ -563,7 +566,7 @@ class LayoutEncoder(nn.Module):
             parts += [module(_read(rows, plan)) for module, plan in zip(self.leaf_encoders, self.inputs)]
         features = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
         linear = self._linear[0]
-        out = torch.relu(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
+        out = self._act(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:

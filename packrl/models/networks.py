@@ -20,6 +20,17 @@ from torch import nn
 
 State = tuple[torch.Tensor, ...]
 
+ACTIVATIONS: dict[str, tuple] = {"relu": (torch.relu, nn.ReLU), "tanh": (torch.tanh, nn.Tanh)}
+"""The feedforward layers' nonlinearity by name: the function the fast paths call and the module that shows it."""
+
+
+def activation(name: str) -> tuple:
+    """``(function, module class)`` of an activation name; ValueError naming the choices otherwise."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
+
 
 def _keep(done: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """1 where the state carries over, 0 where an episode starts, shaped to broadcast on ``like``."""
@@ -29,14 +40,15 @@ def _keep(done: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
 
 
 class MLP(nn.Module):
-    """Feedforward: ``layers`` Linear + ReLU blocks. Stateless (its state is ``()``)."""
+    """Feedforward: ``layers`` Linear + activation (ReLU, or tanh) blocks. Stateless (its state is ``()``)."""
 
-    def __init__(self, input_size: int, hidden_size: int = 128, layers: int = 1):
+    def __init__(self, input_size: int, hidden_size: int = 128, layers: int = 1, activation_name: str = "relu"):
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size
+        self._act, module = activation(activation_name)
         blocks: list[nn.Module] = []
         for i in range(layers):
-            blocks += [nn.Linear(input_size if i == 0 else hidden_size, hidden_size), nn.ReLU()]
+            blocks += [nn.Linear(input_size if i == 0 else hidden_size, hidden_size), module()]
         self.net = nn.Sequential(*blocks) if blocks else nn.Identity()
         self._linears = tuple(blocks[::2])  # a plain tuple, not registered twice (state_dict keys stay net.*)
         if not blocks:
@@ -46,10 +58,10 @@ class MLP(nn.Module):
         return ()
 
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
-        # The blocks' own Linear + ReLU, applied directly: at rollout batch sizes a module call per
+        # The blocks' own Linear + activation, applied directly: at rollout batch sizes a module call per
         # layer costs about as much as the layer itself.
         for layer in self._linears:
-            x = torch.relu(F.linear(x, layer.weight, layer.bias))
+            x = self._act(F.linear(x, layer.weight, layer.bias))
         return x
 
     def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
@@ -66,9 +78,10 @@ class TwinMLP(nn.Module):
     layer), so a separate critic costs one op where two MLPs would cost one each. Each block starts as an
     ``nn.Linear`` does. Stateless (its state is ``()``)."""
 
-    def __init__(self, hidden_size: int = 128):
+    def __init__(self, hidden_size: int = 128, activation_name: str = "relu"):
         super().__init__()
         self.input_size, self.hidden_size = 2 * hidden_size, hidden_size
+        self._act = activation(activation_name)[0]
         self.weight = nn.Parameter(torch.empty(2, hidden_size, hidden_size))
         self.bias = nn.Parameter(torch.empty(2, 1, hidden_size))
         for block, bias in zip(self.weight, self.bias):  # nn.Linear.reset_parameters, block by block
@@ -80,7 +93,7 @@ class TwinMLP(nn.Module):
 
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
         both = x.reshape(-1, 2, self.hidden_size).transpose(0, 1)  # (2, N, hidden): a view, no copy
-        return torch.relu(torch.baddbmm(self.bias, both, self.weight.transpose(1, 2)))
+        return self._act(torch.baddbmm(self.bias, both, self.weight.transpose(1, 2)))
 
     def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         return self._layers(x), state
@@ -266,9 +279,11 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
 NETWORKS = {"mlp": MLP, "lstm": LSTM, "gru": GRU, "mingru": MinGRU}
 
 
-def make_network(name: str, input_size: int, hidden_size: int = 128) -> nn.Module:
-    """A network by name: "mlp", "lstm", "gru" or "mingru"."""
-    try:
-        return NETWORKS[name](input_size, hidden_size)
-    except KeyError:
-        raise ValueError(f"unknown network {name!r}; choose one of {sorted(NETWORKS)}") from None
+def make_network(name: str, input_size: int, hidden_size: int = 128, activation_name: str = "relu") -> nn.Module:
+    """A network by name: "mlp", "lstm", "gru" or "mingru"; ``activation_name`` is the MLP's (the recurrent
+    cores keep their own gates' nonlinearities)."""
+    if name not in NETWORKS:
+        raise ValueError(f"unknown network {name!r}; choose one of {sorted(NETWORKS)}")
+    if name == "mlp":
+        return MLP(input_size, hidden_size, activation_name=activation_name)
+    return NETWORKS[name](input_size, hidden_size)

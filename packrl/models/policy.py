@@ -88,26 +88,28 @@ class Policy(nn.Module):
     def from_layouts(cls, observation: Layout, action: ActionLayout | spaces.Space, network: str = "mlp",
                      hidden: int = 128, action_mask: tuple | None = None, overrides: dict | None = None,
                      log_std_init: float = 0.0, row_bytes: int | None = None, critic: str = "shared",
-                     normalize_observations: bool = False, squash_actions: bool = True) -> "Policy":
+                     normalize_observations: bool = False, squash_actions: bool = True,
+                     activation: str = "relu") -> "Policy":
         """A LayoutEncoder, a named network ("mlp", "lstm", "gru", "mingru") and a Decoder; ``critic="separate"``
         (mlp only) builds a second encoder and network of the same shape for the value head.
         ``normalize_observations``: the encoder keeps running statistics of its flat features and normalizes them
         (``update_normalization``, which PPO calls after each update). ``squash_actions=False``: Box actions are an
-        unbounded Gaussian clipped at the env (``ActionSpec``)."""
+        unbounded Gaussian clipped at the env (``ActionSpec``). ``activation``: the nonlinearity of the encoder's
+        projection and the MLP layers, "relu" or "tanh" (CleanRL's and SB3's continuous-control networks)."""
         if critic not in CRITICS:
             raise EmulationError(f"critic must be one of {list(CRITICS)}, not {critic!r}")
         if critic == "separate" and network != "mlp":
             raise EmulationError(f"critic='separate' needs network='mlp' (not {network!r}): a recurrent core's state "
                                  "belongs to one trunk")
         if critic == "separate":  # one projection to [actor | critic] features, then a TwinMLP
-            encoder = LayoutEncoder(observation, 2 * hidden, overrides, normalize_observations)
+            encoder = LayoutEncoder(observation, 2 * hidden, overrides, normalize_observations, activation)
             with torch.no_grad():  # each half starts as its own projection would (orthogonal per path)
                 for half in encoder.project[0].weight.split(hidden):
                     nn.init.orthogonal_(half, float(np.sqrt(2)))
-            net: nn.Module = TwinMLP(hidden)
+            net: nn.Module = TwinMLP(hidden, activation)
         else:
-            encoder = LayoutEncoder(observation, hidden, overrides, normalize_observations)
-            net = make_network(network, encoder.output_size, hidden)
+            encoder = LayoutEncoder(observation, hidden, overrides, normalize_observations, activation)
+            net = make_network(network, encoder.output_size, hidden, activation)
         decoder = Decoder(action, net.hidden_size, log_std_init, squash_actions)
         mask = ActionMask(observation, action_mask) if action_mask is not None else None
         return cls(encoder, net, decoder, mask, row_bytes)
@@ -115,7 +117,8 @@ class Policy(nn.Module):
     @classmethod
     def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
                  overrides: dict | None = None, log_std_init: float = 0.0, use_action_mask: bool = True,
-                 critic: str = "shared", normalize_observations: bool = False, squash_actions: bool = True) -> "Policy":
+                 critic: str = "shared", normalize_observations: bool = False, squash_actions: bool = True,
+                 activation: str = "relu") -> "Policy":
         """The policy of an emulated env (``env.emulated``): its observation Layout, ActionLayout and
         action-mask path. An env whose agents fall into several groups (different spaces) needs
         ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or ``per_group``."""
@@ -131,7 +134,7 @@ class Policy(nn.Module):
         row_bytes = g.observation.nbytes if g.observation.nbytes != emulated.nbytes else None
         return cls.from_layouts(g.observation, g.action, network, hidden,
                                 g.action_mask if use_action_mask else None, overrides, log_std_init, row_bytes,
-                                critic, normalize_observations, squash_actions)
+                                critic, normalize_observations, squash_actions, activation)
 
     @classmethod
     def per_group(cls, env: Any, network: str = "mlp", hidden: int = 128, **kwargs: Any) -> nn.ModuleList:

@@ -134,7 +134,8 @@ def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
                            overrides=overrides or None, critic=policy_config.get("critic", "shared"),
                            normalize_observations=bool(policy_config.get("normalize_observations", False)),
                            log_std_init=float(policy_config.get("log_std_init", 0.0)),
-                           squash_actions=bool(policy_config.get("squash_actions", True)))
+                           squash_actions=bool(policy_config.get("squash_actions", True)),
+                           activation=str(policy_config.get("activation", "relu")))
 
 
 def _path_key(part: str) -> Any:
