@@ -24,7 +24,8 @@ SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:
          ("v_loss", "value loss", "{:.4f}"), ("entropy", "entropy", "{:.4f}"), ("approx_kl", "approx KL", "{:.5f}"),
          ("clipfrac", "clip fraction", "{:.3f}"), ("explained_variance", "explained variance", "{:.3f}"),
          ("learning_rate", "learning rate", "{:.2e}"))
-PER_AGENT, VERSUS = "episode_return/", "vs_random/"
+PER_AGENT, VERSUS, PREVIOUS = "episode_return/", "vs_random/", "vs_previous/"
+MATCHES = (VERSUS, PREVIOUS)  # two-player zero-sum games: against a random opponent, and the previous check's policy
 SELF_PLAY_LABEL = "self-play return (0 in zero-sum)"
 LABEL_WIDTH, VALUE_WIDTH = 32, 18
 LOGGED = {key for key, _, _ in SHOWN}  # TensorBoard gets these and the per-agent and versus figures
@@ -72,7 +73,7 @@ class Dashboard:
 
     def update(self, stats: dict) -> None:
         if "episode_return" in stats or not self.last:
-            kept = {k: v for k, v in self.last.items() if k.startswith(VERSUS)}  # measured every few iterations
+            kept = {k: v for k, v in self.last.items() if k.startswith(MATCHES)}  # measured every few iterations
             self.last = {**kept, **stats}
         else:  # keep the last episode figures when no episode ended this iteration
             self.last.update(stats)
@@ -80,7 +81,7 @@ class Dashboard:
         self.progress.update(self.task, completed=min(self.step, self.total_steps), sps=f"{self.steps_per_second():,.0f}")
         if self.writer is not None:
             for key, value in stats.items():
-                if isinstance(value, (int, float)) and (key in LOGGED or key.startswith((PER_AGENT, VERSUS))):
+                if isinstance(value, (int, float)) and (key in LOGGED or key.startswith((PER_AGENT, *MATCHES))):
                     self.writer.add_scalar(f"train/{key}", value, stats["global_step"])
         if self.live is None and time.perf_counter() - self.last_log >= self.log_seconds:
             self._log_line()
@@ -100,7 +101,7 @@ class Dashboard:
         shown = ", ".join(f"{label} {fmt.format(v)}" for k, label, fmt in SHOWN[1:5]
                           if isinstance(v := self.last.get(k), (int, float)))
         extra = ", ".join(f"{k} {v:.3f}" for k, v in self.last.items()
-                          if k.startswith((PER_AGENT, VERSUS)) and isinstance(v, (int, float)))
+                          if k.startswith((PER_AGENT, *MATCHES)) and isinstance(v, (int, float)))
         percent = 100.0 * self.step / self.total_steps if self.total_steps else 100.0
         self.console.print(
             f"[{self.step:>12,}/{self.total_steps:,} {percent:5.1f}%] {self.steps_per_second():,.0f} steps/s, "
@@ -121,13 +122,24 @@ class Dashboard:
                 for key, label, fmt in SHOWN]
         rows += [(f"return of {k[len(PER_AGENT):]}", f"{v:.3f}") for k, v in stats.items() if k.startswith(PER_AGENT)]
         if self.versus or any(k.startswith(VERSUS) for k in stats):
-            score = " / ".join(f"{stats[VERSUS + k]:.2f}" if isinstance(stats.get(VERSUS + k), (int, float)) else "-"
-                               for k in ("win", "draw", "loss"))
-            rows.insert(1, ("vs random: win / draw / loss", score))
+            rows[1:1] = [(f"vs {who}: win / draw / loss", _score(stats, prefix)) for who, prefix in
+                         (("random", VERSUS), ("previous", PREVIOUS))]
+            rows[3:3] = [(f"vs {who}: reward per game", _reward(stats, prefix)) for who, prefix in
+                         (("random", VERSUS), ("previous", PREVIOUS))]
             rows = [(SELF_PLAY_LABEL if label == "episode return" else label, value) for label, value in rows]
         for label, value in rows:
             table.add_row(label, value)
         return table
+
+
+def _score(stats: dict, prefix: str) -> str:
+    return " / ".join(f"{stats[prefix + k]:.2f}" if isinstance(stats.get(prefix + k), (int, float)) else "-"
+                      for k in ("win", "draw", "loss"))
+
+
+def _reward(stats: dict, prefix: str) -> str:
+    mean, half = stats.get(prefix + "reward"), stats.get(prefix + "reward_ci95")
+    return f"{mean:+.3f} ± {half:.3f}" if isinstance(mean, (int, float)) and isinstance(half, (int, float)) else "-"
 
 
 class _View:

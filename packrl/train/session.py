@@ -526,8 +526,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
 
     def callback(stats: dict) -> bool:
         if versus is not None and stats["iteration"] % options.versus_every == 0:
-            stats.update({f"vs_random/{k}": v for k, v in versus(ppo.policy, stats["iteration"]).items()
-                          if k != "games"})
+            stats.update(versus(ppo.policy, stats["iteration"]))
         due = main and stats["global_step"] < total and checkpoints.due(stats["global_step"])
         if group is not None:
             due = _agree(group, stats, stops, due)
@@ -731,12 +730,12 @@ def _resumed_config(metadata: dict, checkpoint: Path, given: dict, options: RunO
 
 
 def _versus_check(env_id: str, config: dict, options: RunOptions) -> Any:
-    """``check(policy, iteration) -> rates`` for two-player zero-sum games, else None."""
+    """``check(policy, iteration) -> {"vs_random/win": ..., "vs_previous/reward": ...}`` for two-player zero-sum
+    games (``versus.training_check``), else None."""
     from packrl.train.run import env_creator
-    from packrl.train.versus import is_two_player_zero_sum, versus_random
+    from packrl.train.versus import is_two_player_zero_sum, training_check
 
     if options.versus_every <= 0 or not is_two_player_zero_sum(env_id):
         return None
     creator, _ = env_creator(env_id, config["env"].get("kwargs"), "aec")
-    seed = int(config["train"].get("seed", 0))
-    return lambda policy, iteration: versus_random(policy, creator, options.versus_games, seed=seed + 7919 * iteration)
+    return training_check(creator, options.versus_games, int(config["train"].get("seed", 0)))
