@@ -13,6 +13,8 @@ import datetime
 import hashlib
 import os
 import socket
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -170,7 +172,13 @@ class Group:
         """What a failed collective means, as one line: the ranks on this host whose process has exited (a
         rank on another host cannot be checked from here), and the backend's own words."""
         host = socket.gethostname()
-        gone = [r for r, (h, pid) in enumerate(self.peers) if r != self.rank and h == host and not _alive(pid)]
+        local = [r for r, (h, _) in enumerate(self.peers) if r != self.rank and h == host]
+        deadline = time.monotonic() + 2.0  # a killed process closes its sockets a moment before it is gone
+        while True:
+            gone = [r for r in local if not _alive(self.peers[r][1])]
+            if gone or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         elsewhere = [r for r, (h, _) in enumerate(self.peers) if h != host]
         what = " ".join(str(error).split())[:300]
         if gone:
@@ -217,10 +225,15 @@ def join(timeout_s: float = DEFAULT_TIMEOUT_S) -> Group | None:
 
 
 def weights_digest(module: nn.Module) -> str:
-    """SHA-256 over the module's state (parameters and buffers) by sorted name: each name, dtype, shape and
-    raw bytes. Equal digests: bit-identical weights."""
+    """``state_digest`` of the module's parameters and buffers. Equal digests: bit-identical weights."""
+    return state_digest(module.state_dict())
+
+
+def state_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over a state dict by sorted name: each name, dtype, shape and raw bytes (a checkpoint's policy
+    tensors give the digest of the module they were saved from)."""
     h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         t = tensor.detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

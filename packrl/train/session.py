@@ -279,7 +279,8 @@ class StopSignals:
     second SIGINT stops at once, without saving. Outside the main thread signals are left alone."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.received: int | None = None  # the signal that stops the run (a data-parallel run: as the ranks agreed)
+        self.own: int | None = None  # the signal this process received
         self.board: Any = None  # the Dashboard to tell (its live view shows the notice)
         self.quiet = False  # a rank other than 0: no notice
         self._previous: dict = {}
@@ -297,7 +298,7 @@ class StopSignals:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.received = signum
+        self.received = self.own = signum
         notice = (f"{signal.Signals(signum).name}: stopping at the end of this iteration to save a checkpoint"
                   + (" (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""))
         if self.quiet:
@@ -367,7 +368,10 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
             vecenv.close()
             if history is not None:
                 history.close()
-        return _report(ppo, folder, history, checkpoints, code, error, console, group)
+        result = _report(ppo, folder, history, checkpoints, code, error, console, group)
+        if group is not None and error is None and code in (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM):
+            _leave_together(group)
+        return result
     except RuntimeError as err:  # a collective before or after training: a rank was lost
         if group is not None and is_collective_error(err) and not isinstance(err, PackrlError):
             raise group.lost(err) from None
@@ -375,6 +379,18 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     finally:
         if group is not None:
             group.close()
+
+
+def _leave_together(group: Any) -> None:
+    """The ranks of a run that ended well wait for each other (rank 0 has written everything by then). A signal
+    after that has nothing left to stop: a torchrun worker ignores it from here on, so torchrun's SIGTERM to the
+    ranks still exiting, sent when the first rank leaves with 143, does not cut them short."""
+    group.barrier()
+    from packrl.train.distributed import launched_by_torchrun
+
+    if group.owned and launched_by_torchrun() and threading.current_thread() is threading.main_thread():
+        for signum in SIGNAL_EXIT:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class RankZeroRefused(RunError):
@@ -558,8 +574,6 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
                 if stops.received is not None:
                     code = SIGNAL_EXIT[stops.received]
                 checkpoints.save_latest(ppo, config, history.rows)
-                if group is not None:
-                    group.barrier()  # every rank leaves once rank 0 has written the checkpoint
             except (DivergedError, RuntimeError) as err:
                 if group is None or not (isinstance(err, DivergedError) or is_collective_error(err)):
                     raise
@@ -577,7 +591,7 @@ def _agree(group: Any, stats: dict | None, stops: StopSignals, due: bool) -> boo
     values = [float(due), episodes,
               episodes * stats["episode_return"] if episodes else 0.0,
               episodes * stats["episode_length"] if episodes else 0.0]
-    values += [float(stops.received or 0) if r == group.rank else 0.0 for r in range(group.world)]
+    values += [float(stops.own or 0) if r == group.rank else 0.0 for r in range(group.world)]
     summed = group.sum(values)
     stopping = [r for r, signum in enumerate(summed[4:]) if signum]
     if stopping:
