@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # CPU build (a local file on the project's machines); any torch >= 2.4 works: make TORCH_SPEC='torch>=2.4'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench wheel clean
 
 install: $(VENV)/.installed $(VENV)/.fastpack
 
@@ -30,6 +30,11 @@ test: install
 
 bench: install
 	for f in benchmarks/*.py; do $(PY) $$f || exit 1; done
+
+# dist/: a manylinux wheel with the C extensions (python -m build, then auditwheel repair) and a pure-Python
+# one without them (PACKRL_NO_EXT=1); scripts/build_wheels.py says how
+wheel: install
+	$(PY) scripts/build_wheels.py --out dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

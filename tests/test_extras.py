@@ -1,5 +1,5 @@
 """The extras in pyproject.toml: user-facing ones (``pip install 'packrl[ray]'``, ``[sb3]``, ``[mujoco]``,
-``[minigrid]``, ``[wandb]``, ``[plot]``, and ``[all]`` for every one of them), and the project's own
+``[minigrid]``, ``[wandb]``, ``[plot]``, ``[pettingzoo]``, and ``[all]`` for every one of them), and the project's own
 ``.[dev,bench]`` that ``make install`` uses: every third-party module the tests, examples and benchmarks
 import must come from it, directly or through what it requires (so a fresh machine's ``make install`` runs
 them all)."""
@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 USER_FACING = {"ray": "ray", "sb3": "stable-baselines3", "mujoco": "mujoco", "minigrid": "minigrid", "wandb": "wandb",
-               "plot": "matplotlib"}
+               "plot": "matplotlib", "pettingzoo": "pettingzoo"}
 SOURCES = ("tests", "examples", "benchmarks")
 FROM_SHARED_TOOLS = {"machine_line"}  # benchmarks/common.py imports it from ../shared/tools when that exists
+SCRIPTS = {p.stem for p in (ROOT / "scripts").glob("*.py")}  # tests/test_packaging.py imports scripts/build_wheels.py
 
 
 def normalize(name):
@@ -71,7 +72,7 @@ def imported_modules():
     found = {}
     for folder in SOURCES:
         # a script imports its siblings by their bare names (benchmarks/ray.py is a sibling, not Ray)
-        local = {"packrl", *SOURCES, *FROM_SHARED_TOOLS} | {p.stem for p in (ROOT / folder).glob("*.py")}
+        local = {"packrl", *SOURCES, *FROM_SHARED_TOOLS, *SCRIPTS} | {p.stem for p in (ROOT / folder).glob("*.py")}
         for path in sorted((ROOT / folder).glob("*.py")):
             tree = ast.parse(path.read_text())
             stack = [(tree, [])]
@@ -116,11 +117,13 @@ def test_mujoco_extra_is_gymnasiums_own():
     assert normalize(req.name) == "gymnasium" and req.extras == {"mujoco"}
 
 
-def test_matplotlib_stays_a_hard_dependency_for_now():
-    """[plot] names matplotlib, but the run plots still import it unconditionally: it stays in dependencies
-    until they stop doing so."""
+def test_matplotlib_and_pettingzoo_are_extras_not_dependencies():
+    """A plain install has neither (tests/test_optional_imports.py runs packrl without them); [all] and the
+    project's dev extra have both, so make install keeps them."""
     base = {normalize(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
-    assert "matplotlib" in base
+    for package in ("matplotlib", "pettingzoo"):
+        assert package not in closure(PYPROJECT["project"]["dependencies"]), package
+        assert package not in base and package in closure(["packrl[all]"]) and package in closure(["packrl[dev]"])
 
 
 def test_make_install_installs_everything_the_tests_examples_and_benchmarks_import():
