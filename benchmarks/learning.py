@@ -185,13 +185,17 @@ def greedy_returns(agent: torch.nn.Module, episodes: int, seed: int) -> list[flo
 GAMES = {  # name: (env id, threshold, the rate that must reach it, default step budget, steps between checks)
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", 0.9, "win+draw", 200_000, 50_000),
     "connect_four": ("pettingzoo.classic.connect_four_v3", 0.9, "win", 350_000, 50_000),
+    # chips: the lower end of the 95% interval of the mean chips per game over 2,000 games must be above 0
+    "leduc": ("pettingzoo.classic.leduc_holdem_v4", 0.0, "chips", 200_000, 50_000),
 }
 
 
 def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> Result:
     """`packrl train pettingzoo.classic.<game> --seed SEED` (self-play, the pettingzoo-classic preset): every
     ``every`` agent steps the greedy policy plays 200 games against a uniformly random legal opponent (seats
-    alternating, packrl.train.versus); the threshold is on win + draw (tictactoe) or win (connect four)."""
+    alternating, packrl.train.versus); the threshold is on win + draw (tictactoe) or win (connect four). Leduc
+    hold'em plays 2,000 games a check, and its threshold is on the lower end of the 95% interval of the mean chips
+    per game (above 0: better than random, with confidence)."""
     import importlib
 
     from packrl import config as settings
@@ -216,12 +220,14 @@ def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> 
             due[0] += every
             paused = time.perf_counter()
             trained_for = paused - start - checking[0]
-            rates = versus_random(policy, creator, games=200, seed=123, greedy=True)
-            checks.append(rates["win"] + rates["draw"] if metric == "win+draw" else rates["win"])
+            rates = versus_random(policy, creator, games=2000 if metric == "chips" else 200, seed=123, greedy=True)
+            checks.append({"win+draw": rates["win"] + rates["draw"], "win": rates["win"],
+                           "chips": rates["reward"] - rates["reward_ci95"]}[metric])
             checking[0] += time.perf_counter() - paused
             print(f"    {game} seed {seed} at {stats['global_step']} ({trained_for:.0f} s): win {rates['win']:.3f} "
-                  f"draw {rates['draw']:.3f} loss {rates['loss']:.3f}", flush=True)
-            if not hit and checks[-1] >= threshold:  # the check's own time is not training time
+                  f"draw {rates['draw']:.3f} loss {rates['loss']:.3f}, reward per game {rates['reward']:+.3f} "
+                  f"± {rates['reward_ci95']:.3f} (95%, {rates['games']} games)", flush=True)
+            if not hit and (checks[-1] > threshold if metric == "chips" else checks[-1] >= threshold):
                 hit.append((stats["global_step"], trained_for))
 
     ppo.train(budget, callback)
@@ -410,7 +416,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=None, help="agent steps per run for every task (default: the task's)")
     parser.add_argument("--tasks", default=None,
                         help="default: the discrete tasks (with --continuous: the continuous ones); also: tictactoe, "
-                        "connect_four (minutes a seed, so not in the default set), halfcheetah, hopper and their "
+                        "connect_four, leduc (minutes a seed, so not in the default set), halfcheetah, hopper and their "
                         "sb3-/cleanrl- contenders (1M steps)")
     parser.add_argument("--continuous", action="store_true", help="the continuous table (issue 30): --tasks defaults to "
                         "packrl, SB3 zoo and the CleanRL-style loop on Pendulum-v1 and MountainCarContinuous-v0")

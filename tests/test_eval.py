@@ -24,7 +24,7 @@ def _rows(out):
     """{mode: (mean, episodes)} from the printed table."""
     rows = {}
     for line in out.splitlines():
-        m = re.search(r"(sampled|greedy)( \((?:default|--mode)\))?\s*│\s*(-?[\d.]+)\s*│.*│\s*(\d+)\s*│", line)
+        m = re.search(r"(sampled|greedy)( \((?:default|--mode)\))?\s*│\s*(-?[\d.]+)\s*│(?:[^│]*│){3}\s*(\d+)\s*│", line)
         if m:
             rows[m.group(1)] = (float(m.group(3)), int(m.group(4)), bool(m.group(2)))
     return rows
@@ -45,6 +45,25 @@ def test_sampled_and_greedy_side_by_side_with_the_default_named(checkpoint, caps
     # greedy is what --mode asked for, never labelled the default
     assert "greedy (--mode)" in out and "(default)" not in out and "(greedy, as --mode asked)" in out
     assert again["sampled"][0] == rows["sampled"][0] and again["greedy"][0] == rows["greedy"][0]  # same seed, same run
+
+
+def _time_limits(out):
+    """{mode: episodes truncated by the time limit} from the printed table's last column."""
+    found = re.findall(r"(sampled|greedy)[^│]*│(?:[^│]*│){5}\s*(\d+)\s*│", out)
+    return {mode: int(n) for mode, n in found}
+
+
+def test_greedy_loops_are_counted_and_said(tmp_path, capsys):
+    """An untrained MiniGrid policy: its argmax repeats one action (it turns in place) until the 100-step time
+    limit in every episode, while sampling reaches the goal in some. The table's time-limit column counts them,
+    and a note says why greedy loops."""
+    path = save_untrained(tmp_path / "checkpoint", env_id="MiniGrid-Empty-5x5-v0")
+    assert main(["eval", str(path), "--episodes", "8", "--num-envs", "4", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    limits = _time_limits(out)
+    assert limits["greedy"] == 8 and limits["sampled"] < 8, out
+    assert f"note: {8 - limits['sampled']} more greedy than sampled episodes ran to the time limit" in out
+    assert _rows(out)["greedy"][0] == 0.0
 
 
 def test_the_seed_changes_the_sampled_episodes(checkpoint, capsys):

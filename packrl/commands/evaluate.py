@@ -58,7 +58,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
 
     from packrl.errors import EnvError
     from packrl.run_folders import checkpoint_in, printable
-    from packrl.train.evaluate import EvaluationError, evaluate
+    from packrl.train.evaluate import EvaluationError, evaluate_episodes
     from packrl.train.run import load_policy
 
     console = Console()
@@ -87,8 +87,8 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     results = {}
     try:
         for name, deterministic in MODES.items():
-            results[name] = evaluate(policy, vecenv, deterministic=deterministic, seed=seed, device=device,
-                                     episodes=episodes)
+            results[name] = evaluate_episodes(policy, vecenv, deterministic=deterministic, seed=seed, device=device,
+                                              episodes=episodes)
     except (EvaluationError, EnvError) as err:  # the env or its episodes, not the command line: exit 1
         last = [line for line in str(err).strip().splitlines() if line.strip()][-1].strip()
         print(f"packrl eval: {printable(last)}", file=sys.stderr)
@@ -97,15 +97,23 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
         vecenv.close()
     table = Table(title=escape(f"{env_id}: {episodes} episodes per mode, seed {seed}, "
                                f"trained {_steps(metadata.get('global_step'))} steps"))
-    for column in ("mode", "mean return", "std", "min", "max", "episodes"):
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    table.caption = "sampled: actions drawn from the policy, as in training; greedy: its most likely action"
-    for name, returns in results.items():
+    for column in ("mode", "mean return", "std", "min", "max", "episodes", "time limit"):
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=column == "mode")
+    table.caption = ("sampled: actions drawn from the policy, as in training; greedy: its most likely action "
+                     "(never a draw, so it can repeat one state's action forever); time limit: the episodes "
+                     "truncated by the env's time limit")
+    for name, ended in results.items():
+        returns = ended.returns
         label = name + ((" (default)" if name == "sampled" else " (--mode)") if name == mode else "")
         table.add_row(label, f"{returns.mean():.3f}", f"{returns.std():.3f}", f"{returns.min():.3f}",
-                      f"{returns.max():.3f}", str(len(returns)))
+                      f"{returns.max():.3f}", str(len(returns)), str(int(ended.truncated.sum())))
     console.print(table)
-    console.print(f"mean return {results[mode].mean():.3f} ("
+    loops = int(results["greedy"].truncated.sum()) - int(results["sampled"].truncated.sum())
+    if loops > 0:
+        console.print(f"note: {loops} more greedy than sampled episodes ran to the time limit: an argmax policy "
+                      "that meets the same state twice repeats itself, where a sampled one breaks out; the sampled "
+                      "return is the policy as trained", highlight=False)
+    console.print(f"mean return {results[mode].returns.mean():.3f} ("
                   + ("sampled, the default; see --mode" if mode == "sampled" else f"{mode}, as --mode asked") + ")")
     from packrl.train.versus import report_versus_random  # two-player zero-sum games: win/draw/loss vs random
 

@@ -6,6 +6,7 @@ partial episode is ever reported.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,15 @@ class EvaluationError(PackrlError, RuntimeError):
     """An evaluation cannot report a return: a non-finite reward, or episodes that never end."""
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class Episodes:
+    """An evaluation's episodes, in the same order: each return, and whether it ended by truncation (a time
+    limit: a greedy policy that loops runs into it where sampling would have broken out)."""
+
+    returns: np.ndarray
+    truncated: np.ndarray
+
+
 def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: int = 100_000, seed: int = 10_000,
              device: str | torch.device = "cpu", episodes: int | None = None) -> np.ndarray:
     """Episode returns, one per (row, episode): ``episodes`` whole episodes spread evenly over the envs
@@ -26,6 +35,13 @@ def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: in
     ``deterministic`` takes the distribution's mode; otherwise actions are sampled from a generator seeded
     with ``seed`` (the global torch RNG is left as it was). A non-finite reward, or rows that have not
     finished their quota after ``max_steps`` steps, raise EvaluationError naming the row."""
+    return evaluate_episodes(policy, vecenv, deterministic, max_steps, seed, device, episodes).returns
+
+
+@torch.no_grad()
+def evaluate_episodes(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: int = 100_000,
+                      seed: int = 10_000, device: str | torch.device = "cpu", episodes: int | None = None) -> Episodes:
+    """``evaluate``, with how each episode ended."""
     policy = policy.to(device).eval()
     rows = vecenv.num_agents
     per_env = int(getattr(vecenv, "agents_per_env", 1))
@@ -35,7 +51,7 @@ def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: in
     else:
         per = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)], dtype=np.int64)
         quota = np.repeat(per, per_env)
-    recorded: list[list[float]] = [[] for _ in range(rows)]
+    recorded: list[list[tuple[float, bool]]] = [[] for _ in range(rows)]
     totals = np.zeros(rows)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -57,9 +73,10 @@ def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: in
                                           "an evaluation with a non-finite reward has no return to report")
                 totals += rewards
                 ended = np.asarray(terminals) | np.asarray(truncations)
+                cut = np.asarray(truncations) & ~np.asarray(terminals)
                 for row in np.flatnonzero(ended):
                     if len(recorded[row]) < quota[row]:
-                        recorded[row].append(float(totals[row]))
+                        recorded[row].append((float(totals[row]), bool(cut[row])))
                 totals[ended] = 0.0
                 done = torch.from_numpy(ended).to(device)
             else:
@@ -67,7 +84,8 @@ def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: in
                 raise EvaluationError(f"{missing} episodes of {int(quota.sum())} did not finish in {max_steps} steps")
     finally:
         policy.train()
-    return np.array([x for r in recorded for x in r])
+    ended = [x for r in recorded for x in r]
+    return Episodes(np.array([ret for ret, _ in ended]), np.array([cut for _, cut in ended], dtype=bool))
 
 
 @torch.no_grad()
