@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from packrl.errors import PackrlError
+from packrl.errors import PackrlError, UsageError
 from packrl.hyperparameters import PPOConfig
 from packrl.models.distributions import ActionSpec
 from packrl.nativize import torch_dtype
@@ -44,6 +44,7 @@ from packrl.train.distributed import (
 from packrl.train.optimizer import adam
 from packrl.train.reward_scaling import CLIP as REWARD_CLIP
 from packrl.train.reward_scaling import RewardScaler
+from packrl.vector.autoreset import DISABLED, NEXT_STEP, SAME_STEP
 
 
 class NonFiniteError(PackrlError, FloatingPointError):
@@ -382,8 +383,19 @@ class PPO:
         """Fill storage with ``num_steps`` steps of every row (the steps in inference mode: no autograd bookkeeping).
         Each step: the policy (``_policy_step``: one CUDA graph replay on CUDA), the actions to the env, the env's
         arrays into storage. Values of truncated rows' final observations are computed after the loop, in one
-        forward pass together with the value of the observation that follows the rollout."""
+        forward pass together with the value of the observation that follows the rollout.
+
+        Every autoreset mode of the env (``env.metadata["autoreset_mode"]``) gives the same transitions:
+        SAME_STEP as it comes; NEXT_STEP's reset steps (an env's step after its episode ended: its action is
+        ignored) are masked out, so they are no decision and are transparent to the advantage chain (reward 0,
+        no end), and a truncation bootstraps from the observation the ending step returned (its final
+        observation); DISABLED: the envs whose episode ended are reset here, at that step, with
+        ``reset(options={"reset_mask": ...})``, which is same-step autoreset."""
         env, T = self.env, self.config.num_steps
+        mode = getattr(env, "metadata", {}).get("autoreset_mode", SAME_STEP)
+        if mode not in (SAME_STEP, NEXT_STEP, DISABLED):
+            raise UsageError(f"PPO: the env's autoreset_mode {mode!r} is none of gymnasium's SAME_STEP, NEXT_STEP "
+                             "or DISABLED")
         start_time = time.perf_counter()
         for name in ("obs", "mask", "start"):  # where the previous rollout (or the reset) left off
             self._slots[name][0].copy_(self._slots[name][T])
@@ -405,6 +417,8 @@ class PPO:
                     self._graphs[t].replay()
                 else:
                     self._policy_step(t)
+                if mode == NEXT_STEP:
+                    resetting = self._env_rows(env.ended_envs)  # these envs reset at this step, ignoring the action
                 obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
                 terminals, truncations = np.asarray(terminals), np.asarray(truncations)
                 self._put(t, "reward", rewards)
@@ -414,9 +428,17 @@ class PPO:
                     index = torch.from_numpy(truncated).to(self.device) if self.state else None
                     self._truncated.append((t, truncated, env.final_observations[truncated],
                                             tuple(s[index] for s in self.state)))
+                if mode == SAME_STEP:
+                    masks, starts = env.masks, np.logical_or(terminals, truncations)
+                elif mode == NEXT_STEP:
+                    # the envs that ended return their final observation: no start, and the next step is a reset
+                    ended = self._env_rows(env.ended_envs)
+                    masks, starts = env.masks & ~ended, (np.logical_or(terminals, truncations) & ~ended) | resetting
+                else:
+                    obs, masks, starts = self._reset_ended(env, obs, terminals, truncations)
                 self._put(t + 1, "obs", obs)
-                self._put(t + 1, "mask", env.masks)
-                self._put(t + 1, "start", np.logical_or(terminals, truncations))
+                self._put(t + 1, "mask", masks)
+                self._put(t + 1, "start", starts)
         self.rollout_step = None
         self._send_staged()
         self.next_value = self._bootstrap_values()
@@ -434,6 +456,19 @@ class PPO:
         acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
+
+    def _env_rows(self, per_env: np.ndarray) -> np.ndarray:
+        """One flag per env as one flag per row (every row of an env shares its env's flag)."""
+        per_row = int(getattr(self.env, "agents_per_env", 1))
+        return per_env if per_row == 1 else np.repeat(per_env, per_row)
+
+    def _reset_ended(self, env: Any, obs: np.ndarray, terminals: np.ndarray, truncations: np.ndarray) -> tuple:
+        """DISABLED: reset the envs whose episode ended at this step (the truncations' final observations were
+        copied before); ``(observations, masks, starts)`` as a same-step autoreset gives them."""
+        ended = env.ended_envs
+        if ended.any():
+            obs, _ = env.reset(options={"reset_mask": ended})
+        return obs, env.masks, np.logical_or(terminals, truncations)
 
     def _host_array(self, name: str) -> np.ndarray:
         """Storage ``name`` as a numpy array: a view of it on CPU, of its pinned host copy on CUDA."""

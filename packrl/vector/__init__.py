@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from packrl.errors import UsageError
+from packrl.vector.autoreset import DISABLED, NEXT_STEP, SAME_STEP, WORKER_BACKENDS, check_mode, name_of
 from packrl.vector.base import Batch, VectorEnv, check_seed
 from packrl.vector.infos import check_form
 from packrl.vector.serial import Serial
@@ -19,7 +20,8 @@ BACKENDS = ("serial", "multiprocessing", "numba", "ray")
 
 
 def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial", num_workers: int | None = None,
-         batch_size: int | None = None, seed: int = 0, infos: str | None = None, **kwargs: Any) -> Any:
+         batch_size: int | None = None, seed: int = 0, infos: str | None = None, autoreset_mode: Any = SAME_STEP,
+         **kwargs: Any) -> Any:
     """Build ``num_envs`` envs from ``env_creator`` (a gymnasium.Env, a PettingZoo env or an
     emulated env; what is not emulated gets ``packrl.emulation.emulate``).
 
@@ -33,6 +35,10 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     ``infos``: ``"list"`` (one dict per env, the default) or ``"dict"`` (gymnasium's dict of arrays
     with ``_key`` masks, for gymnasium's vector wrappers; ``packrl.vector.infos``). The Numba backend
     returns one dict of per-copy arrays (``None`` or ``"dict"``).
+    ``autoreset_mode``: gymnasium's ``AutoresetMode`` (or its name): ``SAME_STEP`` (the default),
+    ``NEXT_STEP`` (what gymnasium's observation wrappers need) or ``DISABLED`` (reset with
+    ``reset(options={"reset_mask": mask})``); serial and multiprocessing backends only
+    (``packrl.vector.autoreset``).
 
     Misuse (an env id or an env instance where a creator goes, an unknown backend, workers that do not
     divide the envs) raises ``packrl.UsageError``."""
@@ -40,6 +46,12 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     if backend == "numba" and infos not in (None, "dict"):
         raise UsageError(f"infos={infos!r}: backend 'numba' returns one dict of per-copy arrays (infos=None or 'dict')")
     form = None if infos is None or backend == "numba" else check_form(infos)  # checked before any env exists
+    mode = check_mode(autoreset_mode)
+    if mode != SAME_STEP:
+        if backend in BACKENDS and backend not in WORKER_BACKENDS:
+            raise UsageError(f"autoreset_mode={name_of(mode)}: backend {backend!r} offers SAME_STEP only; use "
+                             f"backend 'serial' or 'multiprocessing'")
+        kwargs["autoreset_mode"] = mode
     env = _make(env_creator, num_envs, backend, num_workers, batch_size, seed, **kwargs)
     if form is not None:
         env.info_format = form
@@ -56,9 +68,10 @@ def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_worke
     if backend == "serial":
         if num_workers not in (None, 1):
             raise UsageError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
+        mode = kwargs.pop("autoreset_mode", SAME_STEP)
         if kwargs:
             raise UsageError(f"backend 'serial' takes no options {sorted(kwargs)}")
-        return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed)
+        return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed, autoreset_mode=mode)
     if backend == "multiprocessing":
         from packrl.vector.multiprocessing import Multiprocessing
 
@@ -105,4 +118,4 @@ def _require_int(name: str, value: Any) -> None:
         raise UsageError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
-__all__ = ["BACKENDS", "Batch", "Serial", "VectorEnv", "make"]
+__all__ = ["BACKENDS", "DISABLED", "NEXT_STEP", "SAME_STEP", "Batch", "Serial", "VectorEnv", "make"]

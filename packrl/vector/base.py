@@ -11,6 +11,7 @@ from packrl.env_protocol import SAME_STEP, Batch
 from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import ActionWriter, action_arrays
 from packrl.vector.attrs import EnvAttributes
+from packrl.vector.autoreset import DISABLED, check_mode, name_of
 from packrl.vector.infos import to_dict
 from packrl.vector.runner import EnvSpec
 from packrl.vector.shared import BufferPlan
@@ -22,6 +23,18 @@ def check_seed(seed: Any, num_envs: int) -> None:
     """A vector seed: env i gets ``seed + i``, so every one of them must be a non-negative int64."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= 2**63 - 1 - int(num_envs):
         raise UsageError(f"seed must be an int in [0, 2**63 - 1 - num_envs] (env i gets seed + i), got {seed!r}")
+
+
+def check_autoreset(mode: Any, spec: EnvSpec, backend: str, batch_size: int | None, num_envs: int) -> Any:
+    """The ``autoreset_mode=`` of a worker backend, checked against its envs and batches."""
+    mode = check_mode(mode)
+    if mode != SAME_STEP and spec.autoreset:
+        raise UsageError(f"autoreset_mode={name_of(mode)}: backend {backend!r} was given envs that reset themselves "
+                         "(autoreset = True, e.g. a Numba batched env); they only offer SAME_STEP")
+    if mode == DISABLED and batch_size not in (None, num_envs):
+        raise UsageError(f"autoreset_mode=DISABLED needs batch_size == num_envs (got batch_size={batch_size}): "
+                         "reset(options={'reset_mask': mask}) resets envs while no batch is in flight")
+    return mode
 
 
 def check_step_timeout(step_timeout: Any) -> float | None:
@@ -44,6 +57,8 @@ def plan_buffers(spec: EnvSpec, num_envs: int, extra: dict | None = None) -> Buf
         "terminals": ((rows,), np.bool_),
         "truncations": ((rows,), np.bool_),
         "masks": ((rows,), np.bool_),
+        "ended": ((num_envs,), np.bool_),  # NEXT_STEP / DISABLED: the env's episode ended at its last step
+        "reset_mask": ((num_envs,), np.bool_),  # reset(options={"reset_mask": ...}) on its way to the workers
     }
     arrays.update(action_arrays(spec.single_action_space, rows))
     arrays.update(extra or {})
@@ -62,9 +77,13 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
     under ``"reset_info"``); ``vector.make(..., infos="dict")`` gives gymnasium's dict of arrays
     with ``_key`` masks instead (``packrl.vector.infos``). ``call``/``get_attr``/``set_attr``/
     ``render`` reach every env (``packrl.vector.attrs``).
+
+    ``autoreset_mode`` (``make(..., autoreset_mode=)``, also in ``metadata``): SAME_STEP as above,
+    NEXT_STEP or DISABLED (gymnasium's semantics; ``packrl.vector.autoreset``).
     """
 
-    metadata = {"autoreset_mode": SAME_STEP}
+    metadata = {"autoreset_mode": SAME_STEP}  # per instance: the mode make(autoreset_mode=) chose
+    autoreset_mode = SAME_STEP
     info_format = "list"  # vector.make(infos="dict"): gymnasium's dict of arrays (packrl.vector.infos)
 
     _broken: str | None = None  # why the env failed; every later call refuses
@@ -93,7 +112,10 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
                            **self._broken_fields)
 
     def _setup(self, spec: EnvSpec, num_envs: int, batch_size: int | None, seed: int,
-               arrays: dict[str, np.ndarray]) -> None:
+               arrays: dict[str, np.ndarray], autoreset_mode: Any = SAME_STEP) -> None:
+        self.autoreset_mode = autoreset_mode
+        self.metadata = {**type(self).metadata, "autoreset_mode": autoreset_mode}
+        self._ended = arrays.get("ended")
         self.spec_ = spec
         self.num_envs = num_envs
         self.agents_per_env = spec.agents_per_env
@@ -118,6 +140,13 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
         self._seeded = False
         self._started = False  # an async_reset (or reset) has been issued: recv has something to wait for
         self.closed = False
+
+    @property
+    def ended_envs(self) -> np.ndarray:
+        """One flag per env (a copy): its episode ended at its last step and it has not been reset since.
+        NEXT_STEP resets those envs at their next step; DISABLED waits for ``reset(options={"reset_mask": ...})``.
+        Always false with SAME_STEP (an env is reset on the step its episode ends)."""
+        return self._ended.copy()
 
     def _check_started(self) -> None:
         if not self._started:
@@ -144,13 +173,47 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
                                  f"num_envs={self.num_envs} use async_reset(), recv() and send()")
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, list]:
-        """Reset every env (env i with ``seed + i``); return ``(observations, infos)``."""
+        """Reset every env (env i with ``seed + i``); return ``(observations, infos)``.
+
+        ``options={"reset_mask": mask}`` (one bool per env, as gymnasium's SyncVectorEnv takes): reset
+        only the envs of ``mask`` (env i with ``seed + i`` when seeded); the others keep their rows.
+        The infos are those of the envs reset. Needed with ``autoreset_mode=DISABLED``."""
         self._require_sync("reset")
-        if options is not None:
-            raise UsageError("vector reset takes no options")
-        self.async_reset(seed)
-        batch = self.recv()
-        return batch.observations, batch.infos
+        if options is None:
+            self.async_reset(seed)
+            batch = self.recv()
+            return batch.observations, batch.infos
+        mask = self._check_reset_options(options)
+        if not self._started:
+            raise UsageError("reset(options={'reset_mask': ...}) before the first reset(): reset every env first")
+        infos = self._reset_masked(self._reset_seed(seed), mask)
+        return self.observations, self._infos_out(infos, slice(None))
+
+    def _check_reset_options(self, options: Any) -> np.ndarray:
+        if not isinstance(options, dict) or set(options) != {"reset_mask"}:
+            keys = sorted(options) if isinstance(options, dict) else type(options).__name__
+            raise UsageError(f"vector reset takes options={{'reset_mask': mask}} only, got {keys}")
+        mask = options["reset_mask"]
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
+            what = (f"{mask.dtype} array of shape {mask.shape}" if isinstance(mask, np.ndarray)
+                    else type(mask).__name__)
+            raise UsageError(f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},) "
+                             f"(one flag per env), got a {what}")
+        if not mask.any():
+            raise UsageError("options['reset_mask'] resets no env: at least one flag must be true")
+        return mask
+
+    def _reset_masked(self, seed: int | None, mask: np.ndarray) -> list:
+        """Reset the envs of ``mask`` with nothing in flight; one info per env (empty for the others)."""
+        raise UsageError(f"{type(self).__name__} cannot reset some envs only")
+
+    def _check_not_ended(self, env_ids: np.ndarray) -> None:
+        """DISABLED: refuse to step an env whose episode ended and was not reset (before any env steps)."""
+        if self.autoreset_mode == DISABLED:
+            ended = np.flatnonzero(self._ended[env_ids])
+            if len(ended):
+                raise UsageError(f"env {int(env_ids[ended[0]])}'s episode ended at its last step and autoreset_mode "
+                                 "is DISABLED: reset it with reset(options={'reset_mask': mask}) before stepping it")
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
         """Step every env; return ``(observations, rewards, terminals, truncations, infos)``."""
@@ -178,7 +241,7 @@ class VectorEnv(EnvAttributes, gymnasium.vector.VectorEnv):
         """The batch's infos in the form ``vector.make(infos=...)`` chose."""
         if self.info_format == "list":
             return infos
-        if self.agents_per_env != 1:  # episode ends are per row: infos are added as they are
+        if self.agents_per_env != 1 or self.autoreset_mode != SAME_STEP:  # ends per row, or no final_obs: infos as they are
             return to_dict(infos)
         return to_dict(infos, self.terminals[rows] | self.truncations[rows], self.final_observations[rows])
 
@@ -216,5 +279,6 @@ class WorkerBackend(VectorEnv):
         if workers is None:
             raise UsageError(SEND_WITHOUT_RECV)
         env_ids = self._env_ids(workers)
+        self._check_not_ended(env_ids)
         self._actions.write(actions, self._rows(env_ids), env_ids)
         return workers

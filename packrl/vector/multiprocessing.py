@@ -37,7 +37,8 @@ import numpy as np
 from packrl.emulation.codecs import registrations, restore_registrations
 from packrl.errors import UsageError
 from packrl.vector.attrs import Request, run_block, run_block_pickled
-from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
+from packrl.vector.autoreset import SAME_STEP
+from packrl.vector.base import Batch, WorkerBackend, check_autoreset, check_step_timeout, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors, raised_name
 from packrl.vector.serial import _check_batch
 from packrl.vector.shared import BufferPlan, Segment, attach_segment
@@ -65,6 +66,7 @@ class Control(IntEnum):
     COMMAND = 0  # a Command
     HAS_SEED = 1  # RESET: whether SEED holds a seed
     SEED = 2
+    MASKED = 3  # RESET: reset only the envs flagged in the shared ``reset_mask`` array
 
 
 class Status(IntEnum):
@@ -90,6 +92,7 @@ class WorkerArgs:
     plan: BufferPlan
     spec: EnvSpec
     spin_s: float
+    autoreset_mode: Any = SAME_STEP
 
 
 class Spinner:
@@ -148,17 +151,25 @@ class Multiprocessing(WorkerBackend):
 
     ``step_timeout`` (seconds, default None: wait for ever): a worker whose step, reset or call
     takes longer is killed and the vector env fails with EnvError naming its envs. It needs every
-    env in a worker (``main_envs`` defaults to 0 with it; a main process's env cannot be timed out)."""
+    env in a worker (``main_envs`` defaults to 0 with it; a main process's env cannot be timed out).
+
+    ``autoreset_mode``: see ``packrl.vector.autoreset``."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, context: str | None = None,
                  main_envs: int | None = None, main_spin_s: float = MAIN_SPIN_S,
-                 worker_spin_s: float = WORKER_SPIN_S, step_timeout: float | None = None):
+                 worker_spin_s: float = WORKER_SPIN_S, step_timeout: float | None = None,
+                 autoreset_mode: Any = SAME_STEP):
         self.step_timeout = check_step_timeout(step_timeout)
         num_workers, main_envs, per_worker = self._split(num_envs, num_workers, batch_size, main_envs)
         ctx = mp.get_context(context or default_context())
         probe = build_env(env_creator)  # the main process needs the row layout before any worker exists
         spec = EnvSpec.of(probe)
+        try:
+            mode = check_autoreset(autoreset_mode, spec, "multiprocessing", batch_size, num_envs)
+        except UsageError:
+            _close_probe(probe)
+            raise
         if not main_envs:
             _close_probe(probe)
         control = {"control": ((num_workers, len(Control)), np.int64), "status": ((num_workers,), np.int64),
@@ -166,7 +177,7 @@ class Multiprocessing(WorkerBackend):
         plan = plan_buffers(spec, num_envs, control)
         shm = Segment(plan.nbytes)
         arrays = plan.views(shm.buf)
-        self._setup(spec, num_envs, batch_size, seed, arrays)
+        self._setup(spec, num_envs, batch_size, seed, arrays, mode)
         self.num_workers, self.envs_per_worker, self.main_envs = num_workers, per_worker, main_envs
         self._runner: EnvRunner | None = None
         self.context = ctx.get_start_method()
@@ -226,7 +237,7 @@ class Multiprocessing(WorkerBackend):
         for w in range(self.num_workers):
             reader, writer = ctx.Pipe(duplex=True)  # replies come back on it; call() requests go out on it
             args = WorkerArgs(w, w * self.envs_per_worker, self.envs_per_worker, creator, travelled, segment, plan,
-                              spec, worker_spin_s)
+                              spec, worker_spin_s, self.autoreset_mode)
             proc = ctx.Process(target=_worker_main, args=(args, self._wake[w], self._done, writer),
                                name=f"packrl-vector-worker-{w}", daemon=True)
             self._procs.append(proc)
@@ -241,7 +252,7 @@ class Multiprocessing(WorkerBackend):
         for k in range(1, self.main_envs):
             block.append(build_env(env_creator))
             spec.check(block[-1], first + k)
-        return EnvRunner(block, first, arrays, spec)
+        return EnvRunner(block, first, arrays, spec, self.autoreset_mode)
 
     # ------------------------------------------------------------ public protocol
 
@@ -274,6 +285,26 @@ class Multiprocessing(WorkerBackend):
         self._last = None
         if self._runner is not None:
             self._main_infos = self._run_main(self._runner.reset, seed)
+
+    def _reset_masked(self, seed: int | None, mask: np.ndarray) -> list:
+        """Reset the envs of ``mask``: only the workers holding one get the command."""
+        self._drain()
+        self.arrays["reset_mask"][:] = mask
+        per = self.envs_per_worker
+        workers = [w for w in range(self.num_workers) if mask[w * per: (w + 1) * per].any()]
+        for w in workers:
+            self._command(w, RESET, seed, masked=True)
+        main_infos = self._run_main(self._runner.reset, seed, mask) if self._runner is not None else []
+        self._collect(len(workers))
+        infos = [{} for _ in range(self.num_envs)]
+        for w in workers:
+            for index, info in self._infos[w]:
+                infos[index] = info
+            self._infos[w] = []
+        for index, info in main_infos:
+            infos[index] = info
+        self._last = list(range(self.num_workers))  # as after reset(): every worker's envs wait for actions
+        return infos
 
     def recv(self) -> Batch:
         """Wait for the first ``batch_size / envs_per_worker`` workers to finish; their batch."""
@@ -360,10 +391,11 @@ class Multiprocessing(WorkerBackend):
             self._broken_fields = {"env_index": index}
             raise
 
-    def _command(self, w: int, command: int, seed: int | None = None) -> None:
+    def _command(self, w: int, command: int, seed: int | None = None, masked: bool = False) -> None:
         row = self._control[w]
         if command == RESET:
             row[Control.HAS_SEED], row[Control.SEED] = seed is not None, 0 if seed is None else seed
+            row[Control.MASKED] = masked
         row[Control.COMMAND] = command
         self._status[w] = BUSY
         self._in_flight.add(w)
@@ -571,7 +603,7 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             for k in range(args.num_envs):
                 envs.append(build_env(creator))
                 args.spec.check(envs[-1], args.first_env + k)
-            runner = EnvRunner(envs, args.first_env, arrays, args.spec)
+            runner = EnvRunner(envs, args.first_env, arrays, args.spec, args.autoreset_mode)
         except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             import traceback
 
@@ -593,7 +625,8 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 if command == STEP:
                     infos = runner.step()
                 else:
-                    infos = runner.reset(int(control[w, Control.SEED]) if control[w, Control.HAS_SEED] else None)
+                    infos = runner.reset(int(control[w, Control.SEED]) if control[w, Control.HAS_SEED] else None,
+                                         arrays["reset_mask"] if control[w, Control.MASKED] else None)
             except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
                 _reply(status, w, done, conn, FAILED, runner.failure())
                 continue

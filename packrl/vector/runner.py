@@ -2,7 +2,10 @@
 
 Each env writes straight into its rows of the caller's arrays (``set_buffers``). Envs that do
 not reset themselves (``autoreset = False``, emulated envs) are reset on the step their episode
-ends, keeping that step's rewards and flags: episode ends are never hidden.
+ends, keeping that step's rewards and flags: episode ends are never hidden. With another autoreset
+mode (``packrl.vector.autoreset``) the shared ``ended`` array (one flag per env) says which envs
+ended at their last step: NEXT_STEP resets those at their next step, DISABLED leaves them to
+``reset`` with a mask.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from gymnasium import spaces
 from packrl.env_protocol import ROW_BUFFERS, BlockPosition, block_stepper
 from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import action_views
+from packrl.vector.autoreset import NEXT_STEP, SAME_STEP
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,12 @@ def raised_name() -> str:
 class EnvRunner:
     """Steps envs ``first .. first + len(envs) - 1`` over rows of the full shared arrays."""
 
-    def __init__(self, envs: list, first: int, arrays: dict[str, np.ndarray], spec: EnvSpec):
+    def __init__(self, envs: list, first: int, arrays: dict[str, np.ndarray], spec: EnvSpec,
+                 autoreset_mode: Any = SAME_STEP):
         self.envs, self.first, self.spec = envs, first, spec
         self.autoreset = spec.autoreset
+        self.mode = autoreset_mode
+        self.ended = arrays.get("ended")  # per env: its episode ended at its last step (modes other than SAME_STEP)
         self.rows = []
         self.actions = []
         agents = spec.agents_per_env
@@ -96,14 +103,19 @@ class EnvRunner:
         step_many = block_stepper(envs)
         self._block = None if step_many is None else _Block(step_many, envs, arrays, self.rows)
 
-    def reset(self, seed: int | None) -> list:
-        """Reset every env (env i with ``seed + i * copies`` when seeded); return [(env index, info)]."""
+    def reset(self, seed: int | None, mask: np.ndarray | None = None) -> list:
+        """Reset every env, or those whose index is true in ``mask`` (one flag per env of the vector env),
+        env i with ``seed + i * copies`` when seeded; return [(env index, info)]."""
         infos = []
         for k, env in enumerate(self.envs):
-            self.current = k
             index = self.first + k
+            if mask is not None and not mask[index]:
+                continue
+            self.current = k
             env_seed = None if seed is None else seed + index * self._copies(env)
             _, info = env.reset(seed=env_seed)
+            if self.ended is not None:
+                self.ended[index] = False
             if info:
                 infos.append((index, info))
         return infos
@@ -112,6 +124,8 @@ class EnvRunner:
         """Step envs ``lo .. hi - 1`` of this block (all by default) with their rows of the action
         arrays; return [(env index, info)] for the non-empty infos."""
         hi = len(self.envs) if hi is None else hi
+        if self.mode != SAME_STEP:
+            return self._step_later_reset(lo, hi)
         if self._block is not None:
             return self._block.step(self, lo, hi)
         infos = []
@@ -124,6 +138,35 @@ class EnvRunner:
                 info = self._reset_after_end(env, info)
             if info:
                 infos.append((self.first + k, info))
+        return infos
+
+    def _step_later_reset(self, lo: int, hi: int) -> list:
+        """NEXT_STEP and DISABLED: an env whose episode ends keeps its last observation in ``observations``
+        and is marked in ``ended``. NEXT_STEP resets a marked env instead of stepping it (its action is
+        ignored; reward 0, flags false, the reset info as its info), as gymnasium's SyncVectorEnv does.
+        DISABLED never gets a marked env here: the backend refuses the step first (naming the env)."""
+        infos = []
+        envs, actions, ended, next_step = self.envs, self.actions, self.ended, self.mode == NEXT_STEP
+        for k in range(lo, hi):
+            self.current = k
+            env, index = envs[k], self.first + k
+            if ended[index]:
+                if not next_step:
+                    raise UsageError(f"env {index}'s episode ended at its last step and autoreset_mode is DISABLED:"
+                                     " reset it with reset(options={'reset_mask': mask}) before stepping it")
+                _, info = env.reset()
+                env.rewards[:], env.terminals[:], env.truncations[:] = 0.0, False, False
+                ended[index] = False
+            else:
+                info = env.step(actions[k])[4]
+                if env.done:
+                    ended[index] = True
+                    # the step that ends the episode returns its last observation on every row that ended
+                    # (a PettingZoo env leaves an ended agent's row zero and its last observation in final_observations)
+                    rows = env.terminals | env.truncations
+                    env.observations[rows] = env.final_observations[rows]
+            if info:
+                infos.append((index, info))
         return infos
 
     @staticmethod

@@ -5,7 +5,8 @@ from typing import Any, Callable
 
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block
-from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, plan_buffers
+from packrl.vector.autoreset import SAME_STEP
+from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, check_autoreset, plan_buffers
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
 
 
@@ -13,9 +14,11 @@ class Serial(VectorEnv):
     """``num_envs`` envs stepped one after the other in this process.
 
     With ``batch_size < num_envs`` the envs form fixed batches (0..B-1, B..2B-1, ...) that
-    ``recv`` hands out in turn; ``send`` steps the batch last received."""
+    ``recv`` hands out in turn; ``send`` steps the batch last received. ``autoreset_mode``:
+    see ``packrl.vector.autoreset``."""
 
-    def __init__(self, env_creator: Callable[[], Any], num_envs: int, batch_size: int | None = None, seed: int = 0):
+    def __init__(self, env_creator: Callable[[], Any], num_envs: int, batch_size: int | None = None, seed: int = 0,
+                 autoreset_mode: Any = SAME_STEP):
         envs = [build_env(env_creator)]
         spec = EnvSpec.of(envs[0])
         try:
@@ -23,13 +26,14 @@ class Serial(VectorEnv):
                 env = build_env(env_creator)
                 envs.append(env)
                 spec.check(env, i)
+            _check_batch(num_envs, batch_size, 1)
+            mode = check_autoreset(autoreset_mode, spec, "serial", batch_size, num_envs)
         except BaseException:
             for env in envs:
                 env.close()
             raise
-        _check_batch(num_envs, batch_size, 1)
-        self._setup(spec, num_envs, batch_size, seed, plan_buffers(spec, num_envs).local())
-        self._runner = EnvRunner(envs, 0, self.arrays, spec)
+        self._setup(spec, num_envs, batch_size, seed, plan_buffers(spec, num_envs).local(), mode)
+        self._runner = EnvRunner(envs, 0, self.arrays, spec, mode)
         self.envs = envs
         self._next = 0  # the batch recv returns next
         self._pending: list = [[] for _ in range(num_envs // self.batch_size)]
@@ -69,6 +73,7 @@ class Serial(VectorEnv):
         first, count = b * self.batch_size, self.batch_size
         env_ids = self._all_env_ids[first: first + count]
         rows = self._rows(env_ids)
+        self._check_not_ended(env_ids)
         self._actions.write(actions, rows, env_ids)
         infos = self._run(self._runner.step, first, first + count)
         self._pending[b] = infos
@@ -81,11 +86,19 @@ class Serial(VectorEnv):
         self._require_sync("step")
         if self._sent:
             raise UsageError(SEND_WITHOUT_RECV)
+        self._check_not_ended(self._all_env_ids)
         self._actions.write(actions, slice(None), self._all_env_ids)
         infos = [{} for _ in range(self.num_envs)]
         for index, info in self._run(self._runner.step, 0, self.num_envs):
             infos[index] = info
         return self.observations, self.rewards, self.terminals, self.truncations, self._infos_out(infos, slice(None))
+
+    def _reset_masked(self, seed: int | None, mask: Any) -> list:
+        infos = [{} for _ in range(self.num_envs)]
+        for index, info in self._run(self._runner.reset, seed, mask):
+            infos[index] = info
+        self._next, self._sent = 0, False  # as after reset(): the one batch was handed out
+        return infos
 
     def _run(self, fn: Callable, *args: Any) -> list:
         try:
