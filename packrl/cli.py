@@ -197,6 +197,7 @@ COMMAND_HELP = {
     "inspect": "print a checkpoint's metadata and tensors without loading it (no torch)",
     "check": "shape, dtype, range, NaN and gradient checks of ENV with its policy",
     "configs": "list the presets and what each sets; NAME prints one as TOML",
+    "plot": "draw a run's learning curve from its history.jsonl (needs matplotlib: packrl[plot])",
 }
 
 
@@ -230,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["plot"]:  # likewise without torch
+        from packrl.commands import plot
+
+        return plot.main((sys.argv[1:] if argv is None else list(argv))[1:])
     quick = top_level(list(sys.argv[1:] if argv is None else argv))
     if quick is not None:
         return quick

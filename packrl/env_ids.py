@@ -149,7 +149,9 @@ def _import(module_name: str, env_id: str, search_cwd: bool) -> Any:
     except ModuleNotFoundError as err:
         if err.name and module_name.split(".")[0] == err.name.split(".")[0] and module_name.startswith(err.name):
             pip = next((p for m, p in NAMESPACES.values() if m == err.name.split(".")[0]), None)
-            if pip:
+            if err.name == "pettingzoo":  # an extra since it stopped being a dependency
+                hint = "PettingZoo is not installed: pip install 'packrl[pettingzoo]'"
+            elif pip:
                 hint = f"pip install {pip}"
             elif err.name.split(".")[0] in PETTINGZOO_PACKAGES and err.name != err.name.split(".")[0]:
                 hint = f"no such module{_did_you_mean(module_name, _sibling_modules(module_name))}"

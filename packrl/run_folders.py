@@ -26,7 +26,7 @@ from packrl.errors import PackrlError
 MARKER = ".packrl-run"
 """The file packrl writes into every run folder it creates; ``--overwrite`` deletes only folders that hold it."""
 RUN_FILES = frozenset({MARKER, "checkpoint", "checkpoints", "history.jsonl", "learning_curve.png", "tensorboard",
-                       ".checkpoint.previous"})
+                       "wandb", ".checkpoint.previous"})
 """What packrl itself puts into a run folder (an older folder holding only these counts as a packrl run)."""
 NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
 

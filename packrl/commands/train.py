@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--tensorboard", metavar="LOGDIR", nargs="?", const="",
                      help="also log to TensorBoard (needs the tensorboard package), into a fresh subfolder: "
                           "LOGDIR/<run folder name>, or RUN/tensorboard when LOGDIR is left out")
+    run.add_argument("--track", action="store_true",
+                     help="also log to Weights & Biases (needs wandb: pip install 'packrl[wandb]'), into RUN/wandb; "
+                          "offline unless WANDB_MODE says otherwise or you are logged in and W&B answers")
+    run.add_argument("--wandb-project", metavar="NAME", help="with --track: the W&B project (default packrl)")
+    run.add_argument("--wandb-entity", metavar="NAME", help="with --track: the W&B user or team (default: yours)")
     run.add_argument("--no-live", action="store_true", help="progress lines instead of the live view")
     run.add_argument("--log-seconds", type=positive_float, default=5.0, metavar="S",
                      help="seconds between progress lines without the live view (default 5)")
@@ -51,12 +56,17 @@ def run(args: argparse.Namespace, config: dict) -> int:
     from packrl.train.session import EXIT_BAD_INPUT, RunOptions, train_run
 
     given = _given_settings(args)
+    try:
+        track = _tracking(args)
+    except PackrlError as err:
+        print(f"packrl train: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     options = RunOptions(
         out=args.out, name=args.name, runs_dir=args.runs_dir, overwrite=args.overwrite, resume=args.resume,
         env_given=getattr(args, "env", None) is not None, total_steps_given="train.total_steps" in given,
         device_given="train.device" in given,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
-        live=not args.no_live, tensorboard=args.tensorboard, log_seconds=args.log_seconds,
+        live=not args.no_live, tensorboard=args.tensorboard, track=track, log_seconds=args.log_seconds,
         versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None),
         max_policy_bytes=int(args.max_policy_gib * (1 << 30)), collective_timeout=args.collective_timeout)
     if args.resume is not None:
@@ -79,6 +89,21 @@ def run(args: argparse.Namespace, config: dict) -> int:
             print(f"packrl train: {error_line(err)}", file=sys.stderr)
         # a rank lost, or ranks whose weights differ: a run that failed, not a bad setting
         return EXIT_STOPPED_BY_ERROR if isinstance(err, (LostRankError, DivergedError)) else EXIT_BAD_INPUT
+
+
+def _tracking(args: argparse.Namespace) -> object:
+    """The W&B settings of --track (checked, and wandb importable), or None without it."""
+    from packrl.train.tracking import Tracking, TrackingError, require_wandb
+
+    if not args.track:
+        named = [flag for flag, value in (("--wandb-project", args.wandb_project), ("--wandb-entity", args.wandb_entity))
+                 if value is not None]
+        if named:
+            raise TrackingError(f"{named[0]} applies with --track (add --track to log to W&B)")
+        return None
+    tracking = Tracking(project="packrl" if args.wandb_project is None else args.wandb_project, entity=args.wandb_entity)
+    require_wandb()
+    return tracking
 
 
 def _set_torch_threads(threads: int | None) -> int:

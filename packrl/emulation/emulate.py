@@ -36,7 +36,7 @@ def emulate(env: Any, round_floats: bool = False, action_mask_key: str | None = 
         raise EmulationError(f"agents={agents!r} applies to a gymnasium.Env; a PettingZoo env names its agents itself")
     try:
         from pettingzoo.utils.env import AECEnv, ParallelEnv
-    except ImportError:  # pragma: no cover - pettingzoo is a dependency
+    except ImportError:  # the [pettingzoo] extra is not installed: no env here is a PettingZoo env
         AECEnv = ParallelEnv = ()
     from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
 

@@ -19,13 +19,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from packrl import config as config_settings
 from packrl.checkpoint import load_checkpoint, save_checkpoint
 from packrl.env_ids import env_creator
 from packrl.errors import ConfigError, PackrlError
+from packrl.train.plot import plot_learning_curve  # noqa: F401 - re-exported: it lived here before matplotlib became optional
 from packrl.train.ppo import PPO, PPOConfig, seed_everything
 
 DEFAULTS: dict[str, dict] = config_settings.defaults()  # the config dataclasses' defaults (packrl.config)
@@ -275,56 +275,3 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
         vecenv.close()
         raise
     return policy.to(device), metadata, vecenv
-
-
-# ---------------------------------------------------------------- plots
-
-
-def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Path | None:
-    """Mean episode return per iteration against agent steps, as a PNG (None when no episode ended). With
-    several agents per env, one line per agent; in two-player games also the win rate against a random
-    opponent (right axis). Non-finite values are left out of the plot (history.jsonl keeps them). The file is
-    written by ``run_folders.write_file``: a symlink in its place is refused, not followed."""
-    agents = sorted({k for h in history for k in h if k.startswith("episode_return/")})
-    series = {k.partition("/")[2]: _points(history, k) for k in agents} or {"per iteration": _points(history, "episode_return")}
-    series = {name: pts for name, pts in series.items() if len(pts)}
-    wins = _points(history, "vs_random/win")
-    if not series and not len(wins):
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    for name, (steps, returns) in ((n, pts.T) for n, pts in series.items()):
-        ax.plot(steps, returns, lw=1, alpha=0.4 if len(series) == 1 else 0.8, label=name)
-        window = max(1, len(returns) // 20)
-        if window > 1 and len(series) == 1:
-            smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
-            ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
-    ax.set(xlabel="agent steps", ylabel="episode return", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
-    if len(wins):
-        right = ax.twinx()
-        right.plot(*wins.T, "k.-", lw=1, label="win rate vs random")
-        right.set(ylabel="win rate vs random", ylim=(0, 1))
-        right.legend(loc="lower right")
-    fig.tight_layout()
-    import io
-
-    from packrl.run_folders import write_file
-
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    plt.close(fig)
-    path = Path(path)
-    return write_file(path.parent, path.name, png.getvalue())  # atomic, never through a symlink
-
-
-def _points(history: list[dict], key: str) -> np.ndarray:
-    """(n, 2) array of (global_step, value) where ``key`` holds a finite number."""
-    pts = [(h["global_step"], h[key]) for h in history
-           if isinstance(h.get(key), (int, float)) and math.isfinite(h[key]) and "global_step" in h]
-    return np.array(pts, dtype=np.float64).reshape(-1, 2)

@@ -52,7 +52,7 @@ from packrl.run_folders import (
     write_file,
 )
 
-RUN_WRITES = ("history.jsonl", "learning_curve.png", "checkpoint", "checkpoints", "tensorboard")
+RUN_WRITES = ("history.jsonl", "learning_curve.png", "checkpoint", "checkpoints", "tensorboard", "wandb")
 """What a run writes into its folder (each through ``run_folders.write_file`` or the checkpoint writer)."""
 EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
 SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
@@ -75,6 +75,7 @@ class RunOptions:
     keep: int = 3
     live: bool = True
     tensorboard: str | None = None
+    track: Any = None  # a packrl.train.tracking.Tracking: also log to Weights & Biases (--track)
     log_seconds: float = 5.0
     versus_every: int = 10  # iterations between win-rate checks (two-player zero-sum games; 0: never)
     versus_games: int = 20
@@ -520,8 +521,9 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     with exit code 3 and nothing saved."""
     from packrl.train.dashboard import Dashboard
     from packrl.train.distributed import DivergedError, is_collective_error
+    from packrl.train.plot import plot_learning_curve
     from packrl.train.ppo import NonFiniteError
-    from packrl.train.run import plot_learning_curve
+    from packrl.train.tracking import start as start_tracker
 
     main = group is None or group.main
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
@@ -539,6 +541,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
                       versus=versus is not None)
     stops = StopSignals()
     stops.board, stops.quiet = board, not main
+    tracker = start_tracker(options.track if main else None, folder, config, console)  # W&B beside TensorBoard
 
     def callback(stats: dict) -> bool:
         if versus is not None and stats["iteration"] % options.versus_every == 0:
@@ -548,12 +551,13 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
             due = _agree(group, stats, stops, due)
         history.append(stats)
         board.update(stats)
+        tracker.log(stats)
         if stops.received is None and due:
             checkpoints.save_periodic(ppo, config, history.rows)
         return stops.received is None
 
     code, error = EXIT_OK, None
-    with stops, board:
+    with stops, board, tracker:
         try:
             ppo.train(total, callback)
         except (NonFiniteError, PackrlError) as err:
@@ -578,6 +582,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
                 if group is None or not (isinstance(err, DivergedError) or is_collective_error(err)):
                     raise
                 code, error = EXIT_STOPPED_BY_ERROR, err if isinstance(err, DivergedError) else group.lost(err)
+        tracker.code = code
         if main:
             plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
     return code, error
@@ -666,8 +671,9 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
     console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
     console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
                   + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False, soft_wrap=True)
-    curve = folder / "learning_curve.png"
-    console.print(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}", highlight=False, soft_wrap=True)
+    from packrl.train.plot import curve_line
+
+    console.print(curve_line(folder), highlight=False, soft_wrap=True, markup=False)  # without matplotlib: how to draw it
     return RunResult(code, folder, latest, ppo.global_step, last)
 
 

@@ -1,0 +1,60 @@
+"""``packrl plot RUN``: draw a run's learning curve from its ``history.jsonl`` (for a run trained where
+matplotlib was not installed, or to draw it again). Needs matplotlib (``pip install 'packrl[plot]'``); does
+not import torch. Exit status: 0 drawn, 1 nothing to draw (no episode ended), 2 a bad folder or no matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="a run folder (it holds history.jsonl)")
+    parser.add_argument("--out", metavar="PNG", help="where the curve goes (default RUN/learning_curve.png)")
+    parser.add_argument("--title", help="the plot's title (default: the run folder's name)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``packrl plot`` on its own parser: the ``packrl`` command dispatches here before it builds its full
+    parser (which imports torch)."""
+    parser = _Parser(prog="packrl plot", description=__doc__.split("\n")[0], allow_abbrev=False)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return plot_command(args.run, args.out, args.title)
+
+
+def plot_command(run: str, out: str | None = None, title: str | None = None) -> int:
+    from packrl.errors import PackrlError
+    from packrl.run_folders import error_line, printable
+    from packrl.train.plot import INSTALL, matplotlib_available, plot_learning_curve
+    from packrl.train.session import read_history
+
+    folder = Path(run)
+    history = folder / "history.jsonl"
+    if not history.is_file():
+        return _fail(f"{run}: no history.jsonl in it (give a run folder that packrl train wrote)")
+    if not matplotlib_available():
+        return _fail(f"drawing a curve needs matplotlib, which is not installed: {INSTALL}")
+    target = Path(out) if out is not None else folder / "learning_curve.png"
+    try:
+        written = plot_learning_curve(read_history(history), target, title or folder.resolve().name)
+    except (PackrlError, OSError) as err:
+        return _fail(f"{target}: {error_line(err)}")
+    if written is None:
+        print(printable(f"packrl plot: no episode ended in {history}: nothing to draw"), file=sys.stderr)
+        return 1
+    print(printable(f"learning curve: {written}"))
+    return 0
+
+
+def _fail(message: str) -> int:
+    from packrl.run_folders import printable
+
+    print(printable(f"packrl plot: {message}"), file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")  # one line, exit 2
