@@ -150,10 +150,7 @@ class ParallelEmulation(_AgentRows):
     def __init__(self, env: Any, round_floats: bool = False, action_mask_key: str | None = "action_mask",
                  finite_rewards: bool = True):
         super().__init__(env, round_floats, action_mask_key, finite_rewards)
-        from packrl.emulation.tuple_agents import TupleAgents
-
         self._alive: list[int] = []  # rows of the agents that act next step
-        self._shared_info = isinstance(env, TupleAgents)  # its infos is the gymnasium env's one info
         self._ended = [True] * self.num_agents  # per row: the agent ended (or has not appeared yet)
         self._done = True
 
@@ -184,7 +181,7 @@ class ParallelEmulation(_AgentRows):
         native = self._row_actions(actions, self._alive)
         live = [self.possible_agents[row] for row in self._alive]
         obs, rewards, terminations, truncations, infos = checked_parallel_step(
-            self.env.step(native), self.env, live, shared_info=self._shared_info)
+            self.env.step(native), self.env, live)
         self._record(obs, rewards, terminations, truncations)
         return self.observations, self.rewards, self.terminals, self.truncations, infos
 

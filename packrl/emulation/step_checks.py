@@ -147,11 +147,10 @@ def checked_info(info: Any, env: Any, method: str = "step()", who: str = "") -> 
     raise ReturnShapeError(f"{env_name(env)}{who}: {method} returned info={_value(info)}; it must be a dict")
 
 
-def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool = False) -> tuple:
+def checked_parallel_step(result: Any, env: Any, live: list) -> tuple:
     """A PettingZoo Parallel step's five dicts, rewards, terminations, truncations and infos each holding a
     key for every agent in ``live`` (the agents that acted), each info a dict; else EmulationError naming the
-    env, the dict and the agent. ``shared_info``: infos is one info for all agents (packrl's Tuple-agents
-    adapter hands over its gymnasium env's info as it is)."""
+    env, the dict and the agent."""
     obs, rewards, terminations, truncations, infos = checked_step(result, env, parallel=True)
     wanted = set(live)  # compared with each dict's keys in C
     for name, value in (("observations", obs), ("rewards", rewards), ("terminations", terminations),
@@ -159,13 +158,13 @@ def checked_parallel_step(result: Any, env: Any, live: list, shared_info: bool =
         if not isinstance(value, dict):
             raise ReturnShapeError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
                                  "keyed by agent")
-        if name != "observations" and not (shared_info and name == "infos") and not value.keys() >= wanted:
+        if name != "observations" and not value.keys() >= wanted:
             missing = [agent for agent in live if agent not in value]
             if missing:
                 raise ReturnShapeError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
                                      f"was alive and acted; every live agent needs a key in {name}"
                                      + (f" (+{len(missing) - 1} more missing)" if len(missing) > 1 else ""))
-    for agent, info in () if shared_info else infos.items():
+    for agent, info in infos.items():
         if not isinstance(info, dict):
             checked_info(info, env, "step()", who=f" (agent {agent!r})")
     return obs, rewards, terminations, truncations, infos

@@ -12,7 +12,8 @@ rewards, with the rows' usual rules (``packrl.emulation.pettingzoo_env``).
   (ma-gym-style envs ignore the actions of agents that are done). The env's observation and
   reward of such an agent are not rows of its episode any more: its observation is dropped,
   its rewards are kept and delivered when the episode ends (never lost).
-- The info dict is the env's own (one for all agents).
+- Infos are keyed by agent, as PettingZoo's API has them: each agent alive before the step gets
+  its own copy of the env's one info dict.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class TupleAgents:
         obs, info = checked_reset(self.env.reset(seed=seed, options=options), self.env)
         self.agents = list(self.possible_agents)
         self._last_action = [None] * self.num_entries
-        return dict(zip(self.possible_agents, self._entries(obs, "observation"))), info
+        return dict(zip(self.possible_agents, self._entries(obs, "observation"))), self._per_agent(info, self.agents)
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         for i, agent in enumerate(self.possible_agents):
@@ -68,8 +69,6 @@ class TupleAgents:
         if type(result) is not tuple or len(result) != 5:
             result = checked_step(result, self.env)
         obs, reward, terminated, truncated, info = result
-        if not isinstance(info, dict):
-            checked_info(info, self.env)
         obs = self._entries(obs, "observation")
         rewards = dict(zip(self.possible_agents, self._entries(reward, "reward")))
         terminations = dict(zip(self.possible_agents, self._flags(terminated, "terminated")))
@@ -78,7 +77,13 @@ class TupleAgents:
         self.agents = [a for a in alive if not (terminations[a] or truncations[a])]
         # the agents alive before this step: their observation (a final one where they ended) and flags
         return ({a: obs[self._entry[a]] for a in alive}, rewards,
-                {a: terminations[a] for a in alive}, {a: truncations[a] for a in alive}, info)
+                {a: terminations[a] for a in alive}, {a: truncations[a] for a in alive}, self._per_agent(info, alive))
+
+    def _per_agent(self, info: Any, agents: list) -> dict:
+        """The env's one info as PettingZoo infos: a copy per agent (a consumer may write into one)."""
+        if not isinstance(info, dict):
+            checked_info(info, self.env)
+        return {agent: dict(info) for agent in agents}
 
     def _entries(self, value: Any, field: str) -> list:
         """One entry per agent of a per-agent sequence, or EmulationError naming the field."""
