@@ -16,13 +16,15 @@ row, ``num_envs * agents_per_env`` in all, as SuperSuit's ``pettingzoo_env_to_ve
 ``e``; each row's info is that agent's entry of its env's info). An agent that is gone reads zeros with
 reward 0 until its env resets, as SuperSuit's ``black_death_v3`` gives; unlike black_death, its own end is
 not hidden: its row is done once, on the step it ended, with its ``terminal_observation``. SB3 rows need
-one observation and action space: agents whose spaces differ are refused, naming them.
+one observation and action space: agents whose spaces differ are refused, naming them; so are AEC envs
+(emulated turn by turn, their rows hold only the acting agent).
 
 Each step returns copies (SB3 keeps the previous observation while the envs step on), sets
 ``infos[i]["TimeLimit.truncated"]`` (truncated and not terminated) and, where an episode ended,
 ``infos[i]["terminal_observation"]`` from ``final_observations`` in the same form; the reset info
 of a same-step autoreset goes to ``reset_infos[i]``, as in SB3's own VecEnvs. ``seed()`` then
-``reset()`` seeds env i with ``seed + i``, as SB3 and packrl both do.
+``reset()`` seeds env i with ``seed + i``, as SB3 and packrl both do (for multi-agent envs: packrl's env
+``e``, all its agent rows, with ``seed + e``, as SuperSuit's ``concat_vec_envs_v1`` does).
 """
 from __future__ import annotations
 
