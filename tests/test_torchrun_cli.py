@@ -293,3 +293,18 @@ def test_bad_collective_timeout_is_one_line():
                           env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--collective-timeout" in done.stderr
+
+
+def test_the_docs_one_machine_commands_run_as_written(tmp_path):
+    """docs/training.md's one-machine block: train, then resume, both exit 0 in one run folder."""
+    text = (ROOT / "docs" / "training.md").read_text().split("## Data-parallel: torchrun", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) == 2 and all(line.startswith("torchrun --standalone") for line in lines), lines
+    for line in lines:
+        done = subprocess.run(line, shell=True, cwd=tmp_path, env={**_env(), "PATH": f"{TORCHRUN.parent}:"
+                              f"{os.environ['PATH']}"}, capture_output=True, text=True, timeout=START_TIMEOUT + 300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["cartpole-2ranks"]
+    meta = _assert_ranks_identical(tmp_path / "runs" / "cartpole-2ranks" / "checkpoint")
+    assert meta["global_step"] >= 12000
