@@ -3,7 +3,7 @@ structured: MiniGrid's Dict of an image (7, 7, 3) uint8, a Discrete direction an
 
 Written after CleanRL's ppo.py: the same arguments, agent, storage, rollout, GAE and clipped update, in the
 same order and under the same names. Every line that differs because of packrl's API carries a
-``# packrl:`` comment. There are four such places:
+``# packrl:`` comment. These are the places:
 
 - the envs come from ``packrl.vector.make`` (rows of packed bytes, gymnasium's dict ``infos`` so that
   gymnasium's own ``RecordEpisodeStatistics`` wraps them as in CleanRL);
@@ -12,19 +12,26 @@ same order and under the same names. Every line that differs because of packrl's
 - the agent turns rows into leaves with ``nativize`` (zero-copy views, exact dtypes) and embeds the leaves
   it uses before its MLPs;
 - arguments are read by ``argparse`` from the ``Args`` dataclass (CleanRL uses ``tyro``, which packrl does
-  not depend on).
+  not depend on);
+- ``--capture-video`` records env 0, which CleanRL's ``make_env`` is told by its index: packrl calls one
+  creator per env without an index, so the video needs the serial backend, which makes env 0 first, here.
 
-Two changes are not packrl's: losses and episode returns are printed (CleanRL writes them to TensorBoard,
-and Weights & Biases with ``--track``), and an iteration whose losses are not finite stops the run.
+As in CleanRL, every figure goes to TensorBoard (``runs/<run_name>``) and, with ``--track``, to Weights &
+Biases (``sync_tensorboard``; offline unless ``WANDB_MODE`` says otherwise or you are logged in and W&B
+answers, as ``packrl train --track``: ``packrl.train.tracking.wandb_mode``). Two changes are not packrl's:
+losses and episode returns are also printed, and an iteration whose losses are not finite stops the run.
 
     .venv/bin/python examples/cleanrl_ppo.py --total-timesteps 50000
+    tensorboard --logdir runs
 """
 import argparse
 import dataclasses
+import itertools
 import math
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import minigrid  # noqa: F401 - registers the MiniGrid ids
@@ -33,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
 
 from packrl import vector  # packrl: the vector env
 from packrl.nativize import nativize  # packrl: rows -> leaves inside the agent
@@ -48,6 +56,14 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=False`"""
     cuda: bool = True
     """if toggled, cuda will be enabled by default"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
 
     # Algorithm specific arguments
     env_id: str = "MiniGrid-Empty-5x5-v0"
@@ -103,16 +119,27 @@ def parse_args() -> Args:
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default)
-        elif f.name == "target_kl":
-            parser.add_argument(flag, type=float, default=f.default)
+        elif f.name in ("target_kl", "wandb_entity"):
+            parser.add_argument(flag, type=float if f.name == "target_kl" else str, default=f.default)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    if args.capture_video and args.backend != "serial":
+        parser.error("--capture-video records env 0, which only the serial backend makes first, in this process")
+    return args
 
 
-def make_env(env_id):
+def make_env(env_id, capture_video, run_name):
+    made = itertools.count()  # packrl: one creator for every env; the serial backend calls it for env 0 first
+
     def thunk():
-        return gym.make(env_id)
+        idx = next(made)
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id)
+        return env
 
     return thunk
 
@@ -171,6 +198,26 @@ if __name__ == "__main__":
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        from packrl.train.tracking import wandb_mode  # packrl: offline where W&B cannot be reached
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,  # packrl: wandb's gym monitor reads RecordVideo.enabled, gone since gymnasium 1.0
+            save_code=True,
+            mode=wandb_mode(),
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -183,7 +230,8 @@ if __name__ == "__main__":
     # env setup
     # packrl: one vector env of packed rows; infos="dict" is gymnasium's form, which its wrappers need
     envs = gym.wrappers.vector.RecordEpisodeStatistics(
-        vector.make(make_env(args.env_id), args.num_envs, backend=args.backend, seed=args.seed, infos="dict")
+        vector.make(make_env(args.env_id, args.capture_video, run_name), args.num_envs, backend=args.backend,
+                    seed=args.seed, infos="dict")
     )
     assert isinstance(envs.single_action_space, gym.spaces.Discrete), "only discrete action space is supported"
 
@@ -235,6 +283,8 @@ if __name__ == "__main__":
             if "episode" in infos:
                 for i in np.flatnonzero(infos["_episode"]):
                     print(f"global_step={global_step}, episodic_return={infos['episode']['r'][i]:.3f}")
+                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
 
         # bootstrap value if not done
         with torch.no_grad():
@@ -318,6 +368,17 @@ if __name__ == "__main__":
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+
         print(
             f"iteration={iteration} global_step={global_step} value_loss={v_loss.item():.6f} "
             f"policy_loss={pg_loss.item():.6f} entropy={entropy_loss.item():.6f} "
@@ -327,3 +388,7 @@ if __name__ == "__main__":
         assert math.isfinite(v_loss.item()) and math.isfinite(pg_loss.item()), "a loss is not finite"
 
     envs.close()
+    writer.close()
+    if args.track and args.capture_video:  # packrl: what monitor_gym=True would have uploaded
+        for video in sorted(Path(f"videos/{run_name}").glob("*.mp4")):
+            wandb.log({"videos": wandb.Video(str(video))})
