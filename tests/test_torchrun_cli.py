@@ -308,3 +308,39 @@ def test_the_docs_one_machine_commands_run_as_written(tmp_path):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["cartpole-2ranks"]
     meta = _assert_ranks_identical(tmp_path / "runs" / "cartpole-2ranks" / "checkpoint")
     assert meta["global_step"] >= 12000
+
+
+def test_a_rank_that_hangs_stops_the_other_after_the_timeout(tmp_path):
+    """SIGSTOP to rank 1 (alive, silent): rank 0's next collective gives up after --collective-timeout (30 s here)
+    and it exits 3 with one line saying no rank on this host exited and how long collectives wait."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = _launch_by_hand(tmp_path, port)
+    try:
+        _wait_for_training(tmp_path / "run")
+        procs[1].send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, _ = procs[0].communicate(timeout=300)
+        elapsed = time.monotonic() - stopped
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert procs[0].returncode == 3, out[-3000:]
+    assert 25 < elapsed < 300, elapsed  # the timeout, not at once and not never
+    assert "rank 0: lost contact with the other ranks (none on this host has exited; a rank may hang: collectives " \
+           "wait 30 s)" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+
+
+def test_a_folder_rank_zero_refuses_is_one_line_from_rank_zero(two_rank_run):
+    cwd, _ = two_rank_run
+    folder = next((cwd / "runs").iterdir())
+    code, out = _run(cwd, "--total-steps", "512", "--out", str(folder))
+    assert code != 0
+    errors = [line for line in out.splitlines() if line.startswith("packrl train:")]
+    assert len(errors) == 1 and "already exists" in errors[0], out[-3000:]
+    assert read_metadata(folder / "checkpoint")["global_step"] == 4096  # the old run is untouched
