@@ -333,9 +333,10 @@ class RandomPolicy:
 @pytest.mark.slow
 def test_sb3_ppo_learns_a_pettingzoo_parallel_env():
     """SB3 PPO on MPE's simple_spread (3 agents, one shared policy, 8 envs = 24 rows), 65,536 agent steps
-    (about 70 s on a quiet core): its greedy per-agent episode return beats a random policy's, measured on
-    the same evaluation envs, by 4 or more (measured: random about -27, learned about -20; returns of single
-    episodes spread by about 7, and 96 episodes are averaged)."""
+    (60-100 s on 2 shared cores): its greedy per-agent episode return beats a random policy's, measured on
+    the same evaluation envs, by 3 or more (measured: random -24.9, learned -19.9; single episodes spread by
+    about 7, so over 96 episodes each mean has a standard error of about 0.7 and 3 is about 3 standard errors
+    of the difference)."""
     torch.set_num_threads(1)
     env = as_sb3(vector.make(spread, 8, seed=0))
     model = PPO("MlpPolicy", env, n_steps=64, batch_size=256, n_epochs=10, learning_rate=1e-3, gamma=0.95,
@@ -348,4 +349,4 @@ def test_sb3_ppo_learns_a_pettingzoo_parallel_env():
         learned_mean, _ = evaluate_policy(model, evaluation, n_eval_episodes=96, deterministic=True)
     env.close()
     evaluation.close()
-    assert learned_mean >= random_mean + 4, f"learned {learned_mean}, random {random_mean}"
+    assert learned_mean >= random_mean + 3, f"learned {learned_mean}, random {random_mean}"
