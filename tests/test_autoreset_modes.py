@@ -334,3 +334,118 @@ def test_next_step_in_batches_gives_each_env_its_own_sync_stream(backend):
         assert seen >= 8
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------- PPO under each mode
+
+class Tick(gym.Env):
+    """Actions change nothing, so every mode sees the same episodes whatever the policy samples. The
+    observation is (step, episode); reward 1 + step / 10; even episodes terminate after 3 + episode % 3 steps,
+    odd ones run into the TimeLimit (truncated, bootstrapped)."""
+
+    observation_space = spaces.Box(0.0, 100.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode = seed % 5 if seed is not None else self.episode + 1
+        self.t = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        return np.array([self.t, self.episode], np.float32)
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.episode % 2 == 0 and self.t >= 3 + self.episode % 3
+        return self._obs(), 1.0 + self.t / 10, terminated, False, {}
+
+
+def tick():
+    return gym.wrappers.TimeLimit(Tick(), max_episode_steps=7)
+
+
+def ppo_rollouts(mode, network, rollouts=2, steps=24):
+    """Each rollout's storage on 3 serial Tick envs, and its advantages, for one policy (no update)."""
+    import torch
+
+    from packrl.models import Policy
+    from packrl.train.ppo import PPO, PPOConfig
+
+    env = vector.make(tick, 3, seed=0, autoreset_mode=mode)
+    torch.manual_seed(0)
+    ppo = PPO(env, Policy.from_env(env, network=network, hidden=16), PPOConfig(num_steps=steps, seed=0))
+    out = []
+    for _ in range(rollouts):
+        ppo.collect()
+        advantages, _ = ppo.advantages()
+        out.append({"obs": ppo.obs.clone(), "masks": ppo.train_masks.clone(), "rewards": ppo.rewards.clone(),
+                    "terminals": ppo.terminals.clone(), "truncations": ppo.truncations.clone(),
+                    "starts": ppo.starts.clone(), "values": ppo.values.clone(), "final_values": ppo.final_values.clone(),
+                    "advantages": advantages.clone(), "agent_steps": ppo.global_step})
+    env.close()
+    return out
+
+
+def row_steps(rollout, row):
+    """The row's decisions in order: (obs, reward, terminal, truncation, value, advantage, final value)."""
+    keep = rollout["masks"][:, row]
+    return [tuple(rollout[k][:, row][keep][i].tolist() for k in
+                  ("obs", "rewards", "terminals", "truncations", "values", "advantages", "final_values"))
+            for i in range(int(keep.sum()))]
+
+
+@pytest.mark.parametrize("network", ["mlp", "lstm"])
+def test_ppo_next_step_bootstraps_as_same_step(network):
+    """NEXT_STEP's reset steps are masked out of the loss and transparent to the advantage chain: without them,
+    each row's decisions are SAME_STEP's (observations, rewards, ends), across the rollout boundary too, and
+    the advantages and truncations' final values of every episode that ended inside the rollout are SAME_STEP's.
+    DISABLED (PPO resets the ended envs itself) stores exactly what SAME_STEP stores."""
+    same, nxt, off = (ppo_rollouts(mode, network) for mode in ("SAME_STEP", "NEXT_STEP", "DISABLED"))
+    for a, b in zip(same, off):
+        for key in a:
+            assert (a[key] == b[key]).all() if key != "agent_steps" else a[key] == b[key], key
+    resets = int((~nxt[0]["masks"]).sum())
+    assert resets >= 6 and nxt[0]["agent_steps"] == 3 * 24 - resets  # reset steps are no agent steps
+    assert same[0]["truncations"].any() and same[0]["terminals"].any()
+    for row in range(3):
+        mine = row_steps(nxt[0], row) + row_steps(nxt[1], row)
+        theirs = row_steps(same[0], row) + row_steps(same[1], row)
+        assert [s[:4] for s in mine] == [s[:4] for s in theirs[:len(mine)]], row
+        first = row_steps(nxt[0], row)
+        last_end = max(i for i, s in enumerate(first) if s[2] or s[3])
+        for i in range(last_end + 1):  # episodes complete inside both first rollouts: their chains are cut there
+            np.testing.assert_allclose(first[i][4:], theirs[i][4:], rtol=1e-5, atol=1e-6, err_msg=f"row {row}, {i}")
+
+
+def test_ppo_without_the_reset_mask_would_train_on_reset_steps():
+    """The check above can fail: NEXT_STEP's masked reset steps are there, and unmasked they would be
+    decisions whose next observation is another episode's."""
+    nxt = ppo_rollouts("NEXT_STEP", "mlp", rollouts=1)[0]
+    reset_steps = ~nxt["masks"]
+    assert reset_steps.any() and not nxt["rewards"][reset_steps].any()
+    assert not (nxt["terminals"] | nxt["truncations"])[reset_steps].any()
+    assert not nxt["starts"][reset_steps].any()  # the final observation starts nothing: the step after it does
+    assert nxt["starts"][1:][reset_steps[:-1]].all()
+
+
+@pytest.mark.parametrize("mode", ["NEXT_STEP", "DISABLED"])
+def test_ppo_truncation_learns_the_infinite_horizon_value_in_every_mode(mode):
+    """tests/test_ppo.py's Alive env (reward 1, only a TimeLimit ends episodes): with gamma 0.9 the value is
+    10 when truncations bootstrap, about 4.5 if they were treated as ends."""
+    import torch
+
+    from packrl.models import Policy
+    from packrl.train.ppo import PPO, PPOConfig
+    from tests.test_ppo import Alive
+
+    env = vector.make(lambda: gym.wrappers.TimeLimit(Alive(), max_episode_steps=8), 4, seed=0, autoreset_mode=mode)
+    torch.manual_seed(0)
+    policy = Policy.from_env(env, network="mlp", hidden=16)
+    ppo = PPO(env, policy, PPOConfig(num_steps=16, learning_rate=1e-2, gamma=0.9, gae_lambda=0.95, clip_vloss=False,
+                                     update_epochs=4, num_minibatches=1, anneal_lr=False, seed=0))
+    ppo.train(16 * 4 * 60)
+    with torch.no_grad():
+        _, value, _ = policy.forward_eval(torch.as_tensor(env.observations), ())
+    assert abs(float(value.mean()) - 10.0) < 1.0, float(value.mean())
+    env.close()

@@ -465,10 +465,11 @@ class PPO:
     def _reset_ended(self, env: Any, obs: np.ndarray, terminals: np.ndarray, truncations: np.ndarray) -> tuple:
         """DISABLED: reset the envs whose episode ended at this step (the truncations' final observations were
         copied before); ``(observations, masks, starts)`` as a same-step autoreset gives them."""
+        starts = np.logical_or(terminals, truncations)  # before the reset, which clears the flags' rows
         ended = env.ended_envs
         if ended.any():
             obs, _ = env.reset(options={"reset_mask": ended})
-        return obs, env.masks, np.logical_or(terminals, truncations)
+        return obs, env.masks, starts
 
     def _host_array(self, name: str) -> np.ndarray:
         """Storage ``name`` as a numpy array: a view of it on CPU, of its pinned host copy on CUDA."""
