@@ -2,11 +2,14 @@
 ``infos["final_obs"]`` (packrl: ``final_observations``); with NEXT_STEP it is the step's own observation and
 the next step of that env is the reset (its action ignored, reward 0), which must write nothing: pass
 ``masks=~ended_last_step``; with DISABLED it is the step's own observation and the caller resets. Fed by the
-same policy, the three store the same slots, row by row."""
+same policy, the three store the same slots, row by row, from SyncVectorEnv and from packrl's vector envs
+(``vector.make(..., autoreset_mode=...)``, serial and multiprocessing)."""
 import gymnasium as gym
 import numpy as np
+import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from packrl import vector
 from packrl.train.replay import ReplayBuffer
 
 ROWS, GAMMA = 3, 0.9
@@ -81,3 +84,44 @@ def test_next_step_without_the_mask_would_store_a_false_transition():
         obs = next_obs
     same = fill(AutoresetMode.SAME_STEP, 40)
     assert any(slots(buf, row)[:len(slots(same, row))] != slots(same, row) for row in range(ROWS))
+
+
+def fill_packrl(mode, steps, backend):
+    """``fill`` fed by packrl's vector env in ``mode``: SAME_STEP's ``final_observations``; NEXT_STEP's
+    ``ended_envs`` read before the step (the envs that reset at it, whose action is ignored) as the mask;
+    DISABLED's ended envs reset with a reset mask. packrl's arrays are views, so observations are copied."""
+    kw = {"num_workers": 1, "context": "fork"} if backend == "multiprocessing" else {}
+    env = vector.make(make_env, ROWS, backend=backend, autoreset_mode=mode, **kw)
+    assert env.metadata["autoreset_mode"] == mode
+    buf = ReplayBuffer(512, ROWS, (4,), np.float32, gamma=GAMMA, seed=0)
+    obs, _ = env.reset(seed=11)
+    obs = obs.copy()
+    for _ in range(steps):
+        actions = policy(obs)
+        resetting = env.ended_envs
+        next_obs, rewards, terms, truncs, _ = env.step(actions)
+        if mode == AutoresetMode.SAME_STEP:
+            buf.add(obs, actions, rewards, terms, truncs, env.final_observations)
+        elif mode == AutoresetMode.NEXT_STEP:
+            buf.add(obs, actions, rewards, terms, truncs, next_obs, masks=~resetting)
+        else:
+            buf.add(obs, actions, rewards, terms, truncs, next_obs)
+            if env.ended_envs.any():
+                next_obs, _ = env.reset(options={"reset_mask": env.ended_envs})
+        obs = next_obs.copy()
+    env.close()
+    return buf
+
+
+@pytest.mark.parametrize("backend", ["serial", "multiprocessing"])
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_packrl_vector_envs_store_what_sync_vector_env_stores_in_every_mode(backend, mode):
+    """End to end: packrl's vector env in each autoreset mode fills the buffer slot for slot as SyncVectorEnv's
+    SAME_STEP does (the reference above)."""
+    same = fill(AutoresetMode.SAME_STEP, 40)
+    ends = int(same.last.sum())
+    assert ends >= 4
+    mine = fill_packrl(mode, 40 if mode != AutoresetMode.NEXT_STEP else 40 + ends, backend)
+    for row in range(ROWS):
+        theirs = slots(same, row)
+        assert slots(mine, row)[:len(theirs)] == theirs, (mode, row)

@@ -177,9 +177,11 @@ class ReplayBuffer:
 
         Autoreset modes: SAME_STEP (packrl's default) as above. NEXT_STEP: pass the step's returned
         observations as ``final_observations``, and ``masks=~ended`` where ``ended`` is the previous step's
-        ``terminals | truncations``, so the reset step (its action ignored, reward 0) writes nothing.
+        ``terminals | truncations``, so the reset step (its action ignored, reward 0) writes nothing (a packrl
+        vector env gives those rows directly: its ``ended_envs`` read before the step, one flag per env).
         DISABLED: the step's returned observations as ``final_observations``; the next ``add`` starts from
-        the reset observation. All three store the same slots (``tests/test_replay_autoreset.py``)."""
+        the reset observation. All three store the same slots, from gymnasium's SyncVectorEnv and from
+        ``packrl.vector.make(..., autoreset_mode=...)`` (``tests/test_replay_autoreset.py``)."""
         observations = self._checked_observations("observations", observations)
         actions = np.asarray(actions)
         if actions.shape != (self.num_rows, *self.actions.shape[2:]) or not np.can_cast(actions.dtype, self.actions.dtype, "safe"):
