@@ -220,7 +220,10 @@ def _refuse_turn_based(venv: Any) -> None:
     """A PettingZoo AEC env's rows hold only the acting agent; SB3 would train on every waiting row."""
     if not hasattr(venv, "_call_envs"):
         return
-    from pettingzoo import AECEnv
+    try:
+        from pettingzoo import AECEnv
+    except ImportError:  # an optional extra: without it there is no AEC env (agents="tuple" envs are gymnasium's)
+        return
 
     types = checked(venv._call_envs(Request(WRAPPERS, only=frozenset([0]))))[0]
     if issubclass(types[0], AECEnv):
