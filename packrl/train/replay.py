@@ -178,7 +178,7 @@ class ReplayBuffer:
         Autoreset modes: SAME_STEP (packrl's default) as above. NEXT_STEP: pass the step's returned
         observations as ``final_observations``, and ``masks=~ended`` where ``ended`` is the previous step's
         ``terminals | truncations``, so the reset step (its action ignored, reward 0) writes nothing (a packrl
-        vector env gives those rows directly: its ``ended_envs`` read before the step, one flag per env).
+        vector env gives them: ``np.repeat(env.ended_envs, env.agents_per_env)`` read before the step).
         DISABLED: the step's returned observations as ``final_observations``; the next ``add`` starts from
         the reset observation. All three store the same slots, from gymnasium's SyncVectorEnv and from
         ``packrl.vector.make(..., autoreset_mode=...)`` (``tests/test_replay_autoreset.py``)."""
