@@ -144,16 +144,17 @@ def test_any_seeds_and_actions_give_sync_next_step(seed, num_envs, infos, steps)
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**20), num_envs=st.integers(1, 4),
-       steps=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 15)), min_size=1, max_size=40))
+       steps=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 15), st.none() | st.integers(0, 2**20)),
+                      min_size=1, max_size=40))
 def test_disabled_with_reset_masks_gives_sync_disabled(seed, num_envs, steps):
     """DISABLED: after each step the ended envs, and any others the draw picks, are reset with a reset mask
-    on both sides; observations, rewards, flags and reset infos equal SyncVectorEnv's."""
+    (with a new seed or none) on both sides; observations, rewards, flags and reset infos equal SyncVectorEnv's."""
     ours = vector.make(ScriptedEnv, num_envs, infos="dict", autoreset_mode="Disabled")
     theirs = SyncVectorEnv([ScriptedEnv] * num_envs, autoreset_mode=AutoresetMode.DISABLED)
     try:
         ours.reset(seed=seed)
         theirs.reset(seed=seed)
-        for t, (bits, extra) in enumerate(steps):
+        for t, (bits, extra, reseed) in enumerate(steps):
             actions = np.array([(bits >> (2 * i)) % 3 for i in range(num_envs)])
             obs, rew, term, trunc, _ = ours.step(actions)
             sync_obs, sync_rew, sync_term, sync_trunc, _ = theirs.step(actions)
@@ -162,8 +163,8 @@ def test_disabled_with_reset_masks_gives_sync_disabled(seed, num_envs, steps):
             np.testing.assert_array_equal(term | trunc, ours.ended_envs)
             mask = (term | trunc) | np.array([bool(extra >> i & 1) for i in range(num_envs)])
             if mask.any():
-                obs, info = ours.reset(options={"reset_mask": mask})
-                sync_obs, sync_info = theirs.reset(options={"reset_mask": mask.copy()})
+                obs, info = ours.reset(seed=reseed, options={"reset_mask": mask})
+                sync_obs, sync_info = theirs.reset(seed=reseed, options={"reset_mask": mask.copy()})
                 assert_same_obs(SCRIPTED.unpack(obs), sync_obs, f"reset after step {t}")
                 assert_same_infos(info, sync_info, f"reset after step {t}")
                 assert not ours.ended_envs.any()
@@ -191,6 +192,15 @@ def test_disabled_refuses_an_ended_env_by_index_and_stays_usable(backend):
         _, _, term, trunc, _ = env.step(zeros)  # usable: nothing was stepped by the refused call
         assert list(term | trunc) == [False, True, False, False]
         assert SCRIPTED.unpack(env.observations)["t"].tolist() == [1, 4, 4, 4]
+        # env 1 ended; reset with env 3 (multiprocessing: env 1 is the worker's, env 3 the main process's)
+        obs, _ = env.reset(options={"reset_mask": np.array([False, True, False, True])})
+        assert SCRIPTED.unpack(obs)["t"].tolist() == [1, 0, 4, 0]
+        _, _, term, trunc, _ = env.step(zeros)
+        assert SCRIPTED.unpack(env.observations)["t"].tolist() == [2, 1, 5, 1] and list(term | trunc)[2]
+        obs, _ = env.reset(options={"reset_mask": np.array([False, False, True, False])})  # no worker's env
+        assert SCRIPTED.unpack(obs)["t"].tolist() == [2, 1, 0, 1]
+        env.step(zeros)
+        assert SCRIPTED.unpack(env.observations)["t"].tolist() == [3, 2, 1, 2]
     finally:
         env.close()
 
