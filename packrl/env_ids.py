@@ -11,6 +11,11 @@ The forms, tried in this order:
   (``MiniGrid-*`` and ``BabyAI-*``: minigrid), or saying which package to install.
 
 An id that is none of these gets the closest known ids ("did you mean").
+
+Worker processes resolve ids as the driver did: ``GymnasiumCreator`` imports the namespace module before
+``gymnasium.make`` (as ``qualified_id``'s ``module:EnvId`` does), and the Ray backend's actors import the known
+namespace modules the driver has imported (``loaded_namespaces``), so a creator such as
+``lambda: gymnasium.make("MiniGrid-Empty-5x5-v0")`` also works in an actor that never ran ``import minigrid``.
 """
 from __future__ import annotations
 
@@ -53,6 +58,45 @@ class GymnasiumCreator:
 
     def __repr__(self) -> str:
         return f"GymnasiumCreator({self.env_id!r}, {self.kwargs!r}, module={self.module!r})"
+
+
+def namespace_module(env_id: str) -> str | None:
+    """The module that registers ``env_id`` when it is in a namespace packrl knows (``MiniGrid-*`` -> ``minigrid``)."""
+    return next((module for prefix, (module, _) in NAMESPACES.items() if env_id.startswith(prefix)), None)
+
+
+def qualified_id(env_id: str) -> str:
+    """``env_id`` in gymnasium's ``module:EnvId`` form where packrl knows the module (``MiniGrid-Empty-5x5-v0`` ->
+    ``minigrid:MiniGrid-Empty-5x5-v0``), so ``gymnasium.make`` imports it first in any process; else unchanged."""
+    module = None if ":" in env_id else namespace_module(env_id)
+    return f"{module}:{env_id}" if module else env_id
+
+
+def loaded_namespaces() -> tuple[str, ...]:
+    """The namespace modules packrl knows (NAMESPACES) that this process has imported. A worker process (a Ray
+    actor, a spawned process) imports them too before building its envs, so its gymnasium registry holds the ids
+    the driver's holds, whatever form the env creator names them in."""
+    return tuple(sorted({module for module, _ in NAMESPACES.values() if module in sys.modules}))
+
+
+def namespaces_named_in(text: str) -> tuple[str, ...]:
+    """The known namespace modules whose id prefix occurs in ``text`` (gymnasium's NameNotFound message names the
+    id): what a worker imports before it tries an env creator a second time."""
+    return tuple(sorted({module for prefix, (module, _) in NAMESPACES.items() if prefix in text}))
+
+
+def import_namespaces(modules: tuple[str, ...] | list[str]) -> None:
+    """Import namespace modules by name; only those of packrl's fixed NAMESPACES table are ever imported (a name
+    that travelled between processes never chooses other code). One that is not installed is skipped: the env
+    creator's own error then says what is missing."""
+    known = {module for module, _ in NAMESPACES.values()}
+    for module in modules:
+        if module not in known:
+            raise ConfigError(f"namespace module {module!r} is not one packrl knows ({', '.join(sorted(known))})")
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
 
 
 def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
@@ -126,7 +170,7 @@ def _pettingzoo(env_id: str, kwargs: dict, api: str) -> tuple[Callable[[], Any],
 def _gymnasium(env_id: str, kwargs: dict) -> tuple[Callable[[], Any], str]:
     import gymnasium
 
-    module = next((m for prefix, (m, _) in NAMESPACES.items() if env_id.startswith(prefix)), None)
+    module = namespace_module(env_id)
     if module is not None and env_id not in gymnasium.registry:
         pip = next(p for m, p in NAMESPACES.values() if m == module)
         try:

@@ -212,16 +212,18 @@ def test_failing_creator_is_reported_and_leaves_no_actors():
 
 
 def test_killed_worker_is_detected_and_gc_leaves_no_actors():
-    venv = vector.make(ScriptedEnv, 4, backend="ray", num_workers=2)
+    # max_restarts=0: a lost actor ends the vector env (restarts: tests/test_vector_ray_restarts.py)
+    venv = vector.make(ScriptedEnv, 4, backend="ray", num_workers=2, max_restarts=0)
     pids, handles = venv.worker_pids, venv.actors
     venv.reset(seed=0)
     os.kill(pids[0], signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(EnvError, match="ray worker 0 \\(envs 0..1\\) died"):
+    with pytest.raises(EnvError, match="ray worker 0 \\(envs 0..1\\) was lost .*max_restarts=0") as err:
         for _ in range(1000):
             venv.step(np.zeros(4, np.int64))
     assert time.monotonic() - start < 60  # fault detection only (no hang)
-    del venv
+    assert err.value.worker == 0 and venv.restarts == 0
+    del venv, err  # the error's traceback holds the vector env too
     gc.collect()  # garbage collection closes it: the surviving actor goes too
     assert_no_actors(pids, handles)
 

@@ -6,6 +6,11 @@ actions as numpy arrays; the actor steps and returns its rows (observations, rew
 masks, and the final-observation rows that changed), which ``recv`` copies once into the full
 arrays (large replies are read zero-copy from Ray's object store). Async batches are the
 actors' reply futures, taken oldest first with ``ray.wait``.
+
+A lost actor (its process killed, crashed or taken by ``ray.kill``) is replaced, up to ``max_restarts`` times per
+worker: a new actor builds the block's envs and resets them, and the step that was in flight reports the cut
+episodes as truncated (see ``RayVectorEnv``). Actors import the known env namespace modules the driver has
+imported (``packrl.env_ids.loaded_namespaces``), so MiniGrid/BabyAI ids resolve in them as in the driver.
 """
 from __future__ import annotations
 
@@ -18,9 +23,10 @@ from typing import Any, Callable
 
 import numpy as np
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError, WorkerCrashedError
 
 from packrl.emulation.codecs import registrations, restore_registrations
+from packrl.env_ids import import_namespaces, loaded_namespaces, namespaces_named_in
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
@@ -33,6 +39,10 @@ _OWNED_RUNTIME = {"started": False, "users": 0}
 envs use it: the last one to close stops it. A runtime the caller started is left running."""
 CLOSE_GRACE_S = 2.0  # actors get this long to close their envs before they are killed
 ACTOR_OPTIONS = {"num_cpus": 1}  # one core per worker: Ray spreads workers over the cluster's cores
+MAX_RESTARTS = 3  # per worker, as Ray's own max_restarts: a worker lost more often than this ends the vector env
+RESTART_SEED_STRIDE = 2**32  # a restarted block is reset with seed + restarts * stride: streams apart from the first
+RESTARTED = "actor_restarted"  # info key of the envs whose actor was lost at this step (its restart number)
+LOST = (RayActorError, WorkerCrashedError)  # the actor's process is gone (not an env's own exception)
 
 
 @dataclass(frozen=True)
@@ -79,10 +89,11 @@ class RayWorker:
     """The actor: envs ``first_env .. first_env + num_envs - 1`` over local arrays of its rows."""
 
     def __init__(self, worker_id: int, first_env: int, num_envs: int, env_creator: Callable[[], Any],
-                 travelled: tuple = ((), ())):
+                 travelled: tuple = ((), ()), namespaces: tuple = ()):
         self.worker_id, self.first, self.num_envs = worker_id, first_env, num_envs
         self.creator = env_creator
         self.travelled = travelled  # the driver's register_space builders, by import name (codecs.registrations)
+        self.namespaces = namespaces  # the known env namespace modules the driver imported (env_ids.NAMESPACES only)
         self.envs: list = []
 
     def start(self) -> Started | Failure:
@@ -91,8 +102,9 @@ class RayWorker:
         k = 0
         restore_registrations(self.travelled)  # before the envs: their layouts may need the user's leaf types
         try:
+            import_namespaces(self.namespaces)  # an actor does not inherit the driver's `import minigrid`
             for k in range(self.num_envs):
-                self.envs.append(build_env(self.creator))
+                self.envs.append(self._build())
                 if k == 0:
                     spec = EnvSpec.of(self.envs[0])
                 spec.check(self.envs[-1], self.first + k)
@@ -110,7 +122,27 @@ class RayWorker:
         self.sent_final = self.final_bytes.copy()  # what the main process holds
         return Started(spec, os.getpid(), ray.util.get_node_ip_address())
 
-    def reset(self, seed: int | None) -> Reply | Failure:
+    def _build(self) -> Any:
+        """One env; a gymnasium id of a namespace packrl knows that is not registered here yet gets its module
+        imported and one more try (a creator calling ``gymnasium.make("MiniGrid-...")`` whose driver never
+        imported minigrid either)."""
+        import gymnasium
+
+        try:
+            return build_env(self.creator)
+        except (gymnasium.error.NameNotFound, gymnasium.error.NamespaceNotFound) as err:
+            modules = namespaces_named_in(str(err))
+            if not modules:
+                raise
+            import_namespaces(modules)
+            return build_env(self.creator)
+
+    def reset(self, seed: int | None, held_final: np.ndarray | None = None) -> Reply | Failure:
+        """Reset the block. ``held_final``: the final-observation bytes the main process holds for these rows (a
+        restarted actor starts from them, so only rows that change later travel)."""
+        if held_final is not None:
+            self.final_bytes[...] = held_final
+            self.sent_final[...] = held_final
         try:
             # Env i gets seed + i * copies; the local runner counts from 0, so shift by this block's first env.
             infos = self.runner.reset(None if seed is None else seed + self.first * self.copies)
@@ -161,14 +193,35 @@ class RayVectorEnv(WorkerBackend):
     last vector env using it closes. ``step_timeout`` bounds steps only: a reset (often slower, and slowest
     on a busy machine) waits up to ``reset_timeout`` (default None: as long as it takes). ``actor_options`` go to ``.options()`` of every
     actor (default ``{"num_cpus": 1}``; e.g. ``{"num_cpus": 0.5}`` to fit more workers than
-    cores, or ``resources``, ``scheduling_strategy``, ``runtime_env``)."""
+    cores, or ``resources``, ``scheduling_strategy``, ``runtime_env``). ``address``: the cluster ``ray.init``
+    joins when this vector env starts Ray (``auto``, ``host:port`` or ``ray://host:port``; refused when Ray is
+    already initialized in this process, since it could not apply).
+
+    Lost actors: when a worker's actor dies (its process killed or crashed, ``ray.kill``, its node lost) the
+    vector env does not fail. The reply it waited for is replaced: a new actor (same options) builds the block's
+    envs and resets them, and that step returns, for each row of the block, ``truncations`` true (rows whose
+    agent was alive), ``terminals`` false and reward 0, ``observations`` the new episodes' first observations,
+    ``final_observations`` the last observation this process received for the row (the env's true last state is
+    lost with the actor, so a learner bootstraps from the last one it saw) and the info ``{"reset_info": ...,
+    "actor_restarted": n}`` (n: this worker's restart count). The actions of that step are lost. A lost reset is
+    simply redone by the new actor. The restarted block is reset with ``seed + restarts * 2**32`` (mod 2**62),
+    or with the seed of the reset that was lost, so a rerun losing the same actor at the same step replays.
+    ``restarts`` counts the restarts (``worker_restarts`` per worker); a worker lost more than ``max_restarts``
+    times (default 3; 0: never restart) ends the vector env with an EnvError naming the worker and its envs. An
+    actor lost during ``call``/``get_attr``/``set_attr``/``render`` is not restarted (the call fails). An env
+    that raises or hangs is not a lost actor: it ends the vector env as before."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, num_workers: int | None = None,
                  batch_size: int | None = None, seed: int = 0, actor_options: dict | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, step_timeout: float | None = None,
-                 reset_timeout: float | None = None):
+                 reset_timeout: float | None = None, max_restarts: int = MAX_RESTARTS, address: str | None = None):
         if num_workers is not None:  # refuse a bad split before starting or joining a cluster
             _split(num_envs, int(num_workers), batch_size)
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
+            raise UsageError(f"max_restarts must be an int >= 0 (restarts of a lost actor, per worker), got "
+                             f"{max_restarts!r}")
+        self.max_restarts = int(max_restarts)
+        check_address(address)
         self.step_timeout = check_step_timeout(step_timeout)
         try:
             self.reset_timeout = check_step_timeout(reset_timeout)
@@ -177,8 +230,12 @@ class RayVectorEnv(WorkerBackend):
                 from None
         self._resetting: set[int] = set()  # workers whose reply in flight is a reset's (waited up to reset_timeout)
         if not ray.is_initialized():
-            ray.init()
+            _init(address)
             _OWNED_RUNTIME["started"] = True
+        elif address is not None:
+            raise UsageError(f"address={address!r}: Ray is already initialized in this process (at "
+                             f"{ray.get_runtime_context().gcs_address}); address applies only when the vector env "
+                             "starts Ray: leave it out, or call ray.init(address=...) yourself")
         self._uses_runtime = _OWNED_RUNTIME["started"]
         if self._uses_runtime:
             _OWNED_RUNTIME["users"] += 1
@@ -186,14 +243,18 @@ class RayVectorEnv(WorkerBackend):
         per_worker = _split(num_envs, num_workers, batch_size)
         self.num_workers, self.envs_per_worker = num_workers, per_worker
         options = {**ACTOR_OPTIONS, **(actor_options or {})}
-        actor = ray.remote(RayWorker).options(**options)
-        creator = ray.put(env_creator)  # pickled once, not once per actor
-        travelled = registrations()
+        self._options, self._start_timeout_s = options, start_timeout_s
+        self._actor_class = ray.remote(RayWorker).options(**options)
+        # Kept for restarts: the creator pickled once (not once per actor), registrations and namespaces by name.
+        self._creator = ray.put(env_creator)
+        self._travelled, self._namespaces = registrations(), loaded_namespaces()
+        self.worker_restarts = [0] * num_workers
+        self._reset_seed_sent: int | None = None  # the seed of the reset in flight (a lost reset is redone with it)
         self._actors: list = []
         self._finalizer = weakref.finalize(self, _shutdown, self._actors)
         try:
             for w in range(num_workers):
-                self._actors.append(actor.remote(w, w * per_worker, per_worker, creator, travelled))
+                self._actors.append(self._new_actor(w))
             started = self._start(start_timeout_s, options)
         except BaseException:
             self._finalizer()
@@ -214,14 +275,20 @@ class RayVectorEnv(WorkerBackend):
 
     @property
     def actors(self) -> list:
-        """The actor handles (empty once closed)."""
+        """The actor handles (empty once closed); a restarted worker's entry is its new actor."""
         return list(self._actors)
+
+    @property
+    def restarts(self) -> int:
+        """How many lost actors were replaced since this vector env was made (all workers)."""
+        return sum(self.worker_restarts)
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env (env i with ``seed + i``); collect the batches with ``recv``."""
         self._check_usable()
         self._drain()
         seed = self._reset_seed(seed)
+        self._reset_seed_sent = seed
         for w, actor in enumerate(self._actors):
             self._in_flight[w] = actor.reset.remote(seed)
         self._resetting = set(self._in_flight)
@@ -238,7 +305,7 @@ class RayVectorEnv(WorkerBackend):
         workers = self._wait_ready(need)
         infos_by_env = {}
         for w in workers:
-            reply = self._get(w, self._in_flight.pop(w))
+            reply = self._get(w, self._in_flight.pop(w), restart=True)
             self._store(w, reply)
             infos_by_env.update(reply.infos)
         self._last = workers
@@ -316,9 +383,14 @@ class RayVectorEnv(WorkerBackend):
                                  f"action space) = {mine}, env 0 has {ref}; all envs of a vector env must match")
         return started
 
-    def _get(self, w: int, future: Any) -> Reply:
+    def _get(self, w: int, future: Any, restart: bool = False) -> Reply:
+        """Worker ``w``'s reply; with ``restart``, a lost actor is replaced and the reply is the new one's."""
         try:
             reply = ray.get(future)
+        except LOST as err:
+            if not restart:
+                self._fail(f"ray worker {w} (envs {self._span(w)}) died: {type(err).__name__}: {err}")
+            return self._restart(w, err)
         except RayError as err:
             self._fail(f"ray worker {w} (envs {self._span(w)}) died: {type(err).__name__}: {err}")
         if isinstance(reply, Failure):
@@ -353,13 +425,86 @@ class RayVectorEnv(WorkerBackend):
         return sorted(workers_of[ref] for ref in ready)
 
     def _drain(self) -> None:
-        """Wait for every reply in flight and drop it (before a reset); failures still raise."""
+        """Wait for every reply in flight and drop it (before a reset); failures still raise, and a lost actor
+        is replaced (the reset that follows resets its envs)."""
         if self._in_flight:
             self._wait_ready(len(self._in_flight))
         for w, future in list(self._in_flight.items()):
             del self._in_flight[w]
+            try:
+                ray.get(future)
+            except LOST as err:
+                self._replace(w, err)
+                continue
+            except RayError:
+                pass
             self._get(w, future)
         self._last = None
+
+    # ------------------------------------------------------------ lost actors
+
+    def _new_actor(self, w: int) -> Any:
+        per = self.envs_per_worker
+        return self._actor_class.remote(w, w * per, per, self._creator, self._travelled, self._namespaces)
+
+    def _replace(self, w: int, err: BaseException) -> None:
+        """Count the loss of worker ``w``'s actor (refused past ``max_restarts``), start a new actor in its
+        place and wait until it has built its envs."""
+        lost = self._actors[w]
+        if self.worker_restarts[w] >= self.max_restarts:
+            self._fail(f"ray worker {w} (envs {self._span(w)}) was lost again ({type(err).__name__}) after "
+                       f"{self.worker_restarts[w]} restart(s); max_restarts={self.max_restarts}: "
+                       f"{' '.join(str(err).split())[:300]}", worker=w)
+        self.worker_restarts[w] += 1
+        try:  # it may be alive but unreachable (its node lost): make sure Ray does not bring it back
+            ray.kill(lost, no_restart=True)
+        except (RayError, ValueError):  # already gone
+            pass
+        self._actors[w] = actor = self._new_actor(w)
+        future = actor.start.remote()
+        ready, _ = ray.wait([future], timeout=self._start_timeout_s)
+        if not ready:
+            self._fail(f"ray worker {w} (envs {self._span(w)}) was lost and its replacement did not start within "
+                       f"{self._start_timeout_s:.0f} s; it asks for {self._options} and the cluster has "
+                       f"{ray.available_resources()} free", worker=w)
+        try:
+            started = ray.get(future)
+        except RayError as again:
+            self._fail(f"ray worker {w} (envs {self._span(w)}) was lost and its replacement could not start: "
+                       f"{type(again).__name__}: {again}", worker=w)
+        if isinstance(started, Failure):
+            self._fail(f"ray worker {w} (restarted), env {started.env_index} failed while starting:\n{started.text}",
+                       worker=w, **started.fields)
+        self.worker_pids[w], self.worker_nodes[w] = started.pid, started.node
+
+    def _restart(self, w: int, err: BaseException) -> Reply:
+        """Worker ``w``'s actor was lost while a reset or a step was in flight: its replacement's reset, and for
+        a step the cut episodes reported as truncated (see the class docstring)."""
+        cut = w not in self._resetting
+        self._replace(w, err)
+        rows = self._slices[w]
+        last = np.array(self.observations[rows])  # what this process saw last of each row
+        held = last if cut else np.array(self.final_observations[rows])
+        if cut:
+            seed = (self.seed + self.restarts * RESTART_SEED_STRIDE) % 2**62
+        else:
+            seed = self._reset_seed_sent
+        future = self._actors[w].reset.remote(seed, held.view(np.uint8).reshape(len(held), -1))
+        ready, _ = ray.wait([future], timeout=self.reset_timeout)
+        if not ready:
+            ray.kill(self._actors[w], no_restart=True)
+            self._fail(f"ray worker {w} (envs {self._span(w)}) was restarted and its reset did not finish within "
+                       f"reset_timeout={self.reset_timeout} s and was killed", worker=w)
+        reply = self._get(w, future)  # lost again this soon: fail rather than loop
+        if not cut:
+            return reply
+        alive = np.array(self.masks[rows])
+        reset_infos, first = dict(reply.infos), w * self.envs_per_worker  # the runner lists non-empty infos only
+        infos = [(e, {"reset_info": reset_infos.get(e, {}), RESTARTED: self.worker_restarts[w]})
+                 for e in range(first, first + self.envs_per_worker)]
+        changed = np.arange(len(last))  # every row's final observation is now the last one seen
+        return Reply(reply.observations, np.zeros_like(reply.rewards), np.zeros_like(reply.terminals), alive,
+                     reply.masks, changed, last, infos)
 
     def _span(self, w: int) -> str:
         first = w * self.envs_per_worker
@@ -378,6 +523,37 @@ def default_workers(num_envs: int) -> int:
     """The most workers, up to the cluster's CPUs, that split the envs evenly."""
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     return max(w for w in range(1, min(cpus, num_envs) + 1) if num_envs % w == 0)
+
+
+def check_address(address: Any) -> str | None:
+    """A Ray cluster address: None, ``auto``, ``local``, ``host:port`` or ``ray://host:port`` (port 1-65535)."""
+    if address is None:
+        return None
+    if not isinstance(address, str) or not _address_ok(address):
+        raise UsageError(f"address must be auto, local, host:port or ray://host:port (port 1-65535), got "
+                         f"{address!r}")
+    return address
+
+
+def _address_ok(address: str) -> bool:
+    if address in ("auto", "local"):
+        return True
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return bool(host) and not any(c.isspace() or c in "/@" for c in host) and port.isdigit() \
+        and 1 <= int(port) <= 65535
+
+
+def _init(address: str | None) -> None:
+    """``ray.init`` (joining ``address`` when given); a cluster that cannot be joined is one EnvError line."""
+    if address is None:
+        ray.init()
+        return
+    try:
+        ray.init(address=address)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
+        ray.shutdown()
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise EnvError(f"cannot join the Ray cluster at address={address!r}: {first}") from None
 
 
 def _key(spec: EnvSpec) -> tuple:
