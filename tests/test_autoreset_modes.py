@@ -375,14 +375,14 @@ def tick():
     return gym.wrappers.TimeLimit(Tick(), max_episode_steps=7)
 
 
-def ppo_rollouts(mode, network, rollouts=2, steps=24):
-    """Each rollout's storage on 3 serial Tick envs, and its advantages, for one policy (no update)."""
+def ppo_rollouts(mode, network, rollouts=2, steps=24, creator=tick):
+    """Each rollout's storage on 3 serial envs (Tick by default), and its advantages, for one policy (no update)."""
     import torch
 
     from packrl.models import Policy
     from packrl.train.ppo import PPO, PPOConfig
 
-    env = vector.make(tick, 3, seed=0, autoreset_mode=mode)
+    env = vector.make(creator, 3, seed=0, autoreset_mode=mode)
     torch.manual_seed(0)
     ppo = PPO(env, Policy.from_env(env, network=network, hidden=16), PPOConfig(num_steps=steps, seed=0))
     out = []
@@ -426,6 +426,22 @@ def test_ppo_next_step_bootstraps_as_same_step(network):
         last_end = max(i for i, s in enumerate(first) if s[2] or s[3])
         for i in range(last_end + 1):  # episodes complete inside both first rollouts: their chains are cut there
             np.testing.assert_allclose(first[i][4:], theirs[i][4:], rtol=1e-5, atol=1e-6, err_msg=f"row {row}, {i}")
+
+
+def test_ppo_multi_agent_rows_match_same_step_in_every_mode():
+    """Staggered (two agents, one ending mid-episode; actions change nothing): NEXT_STEP's decisions per row are
+    SAME_STEP's without the reset steps, with the same advantages over complete episodes; DISABLED's are
+    SAME_STEP's exactly."""
+    same, nxt, off = (ppo_rollouts(mode, "mlp", rollouts=1, steps=20, creator=Staggered)[0]
+                      for mode in ("SAME_STEP", "NEXT_STEP", "DISABLED"))
+    for row in range(6):
+        mine, theirs = row_steps(nxt, row), row_steps(same, row)
+        assert row_steps(off, row) == theirs, row
+        last_end = max(i for i, s in enumerate(mine) if s[2] or s[3])
+        assert [s[:4] for s in mine] == [s[:4] for s in theirs[:len(mine)]], row
+        np.testing.assert_allclose([s[4:] for s in mine[:last_end + 1]], [s[4:] for s in theirs[:last_end + 1]],
+                                   rtol=1e-5, atol=1e-6, err_msg=f"row {row}")
+    assert nxt["agent_steps"] < same["agent_steps"] == off["agent_steps"]
 
 
 def test_ppo_without_the_reset_mask_would_train_on_reset_steps():
