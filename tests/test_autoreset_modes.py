@@ -475,3 +475,16 @@ def test_ppo_truncation_learns_the_infinite_horizon_value_in_every_mode(mode):
         _, value, _ = policy.forward_eval(torch.as_tensor(env.observations), ())
     assert abs(float(value.mean()) - 10.0) < 1.0, float(value.mean())
     env.close()
+
+
+@pytest.mark.parametrize("mode", ["NEXT_STEP", "DISABLED"])
+def test_as_sb3_refuses_modes_sb3_does_not_have(mode):
+    """SB3's VecEnvs reset on the step an episode ends: another mode would hand SB3 wrong transitions."""
+    pytest.importorskip("stable_baselines3")
+    from packrl.compat.sb3 import as_sb3
+
+    with vector.make(cartpole, 2, autoreset_mode=mode) as env:
+        with pytest.raises(UsageError, match=f"as_sb3 needs autoreset_mode SAME_STEP .* got AutoresetMode.{mode}"):
+            as_sb3(env)
+    with vector.make(cartpole, 2) as env:
+        as_sb3(env).reset()

@@ -36,6 +36,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
 from packrl.errors import UsageError
 from packrl.vector.attrs import WRAPPERS, Request, checked
+from packrl.vector.autoreset import SAME_STEP
 from packrl.vector.infos import RESET_INFO
 
 OBSERVATIONS = ("rows", "leaves")
@@ -202,6 +203,9 @@ def _check_vector_env(venv: Any) -> None:
         raise UsageError(f"as_sb3: batch_size={venv.batch_size} < num_envs={venv.num_envs}; SB3 steps every env at once")
     if getattr(venv, "info_format", "list") != "list":
         raise UsageError("as_sb3 reads infos as one dict per env: make the vector env with infos='list' (the default)")
+    mode = getattr(venv, "metadata", {}).get("autoreset_mode", SAME_STEP)
+    if mode != SAME_STEP:  # SB3's VecEnvs reset on the step an episode ends, its final observation in the info
+        raise UsageError(f"as_sb3 needs autoreset_mode SAME_STEP (SB3 resets on the step an episode ends), got {mode}")
     action = venv.single_action_space
     if not isinstance(action, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)):
         raise UsageError(f"as_sb3: SB3 has no policy for the action space {action} (packrl's hybrid discrete + "
