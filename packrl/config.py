@@ -96,6 +96,16 @@ def _check_overrides(value: dict) -> str | None:
     return None
 
 
+def _check_ray_address(value: str) -> str | None:
+    """What ``ray.init(address=)`` takes: auto, local, host:port or ray://host:port (the ray backend checks the same)."""
+    if value in ("auto", "local"):
+        return None
+    host, _, port = value.removeprefix("ray://").rpartition(":")
+    if host and not any(c.isspace() or c in "/@" for c in host) and port.isdigit() and 1 <= int(port) <= 65535:
+        return None
+    return "auto, local, host:port or ray://host:port (port 1-65535)"
+
+
 # ---------------------------------------------------------------- the sections
 
 
@@ -119,6 +129,9 @@ class VecConfig:
     num_envs: int = field(default=8, metadata=_meta("copies of the env", POSITIVE_INT))
     num_workers: int | None = field(default=None, metadata=_meta(
         "worker processes or actors (multiprocessing and ray backends only; none: one per core)", POSITIVE_INT))
+    address: str | None = field(default=None, metadata=_meta(
+        "Ray cluster to join (ray backend only): auto, host:port or ray://host:port (none: RAY_ADDRESS, else a "
+        "new local Ray)", check=_check_ray_address))
 
 
 @dataclass

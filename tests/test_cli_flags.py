@@ -34,6 +34,8 @@ def good_values(s):
         return [("CartPole-v1", "CartPole-v1", "CartPole-v1"), ("minigrid:MiniGrid-Empty-5x5-v0",) * 3]
     if s.key == "train.device":
         return [("cpu", "cpu", "cpu"), ("auto", "auto", "auto")]
+    if s.key == "vec.address":
+        return [("auto", "auto", "auto"), ("10.0.0.1:6379",) * 3, ("ray://head:10001",) * 3, ("none", None, None)]
     if s.key == "env.kwargs":
         return [("{size = 8, name = 'x'}", {"size": 8, "name": "x"}, {"size": 8, "name": "x"})]
     if s.key == "policy.overrides":
@@ -63,6 +65,8 @@ def bad_values(s):
     if s.key == "train.device":
         cuda = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
         return [("gpu", "gpu"), (cuda, cuda), (None, 1)]
+    if s.key == "vec.address":
+        return [("10.0.0.1", "10.0.0.1"), ("host:0", "host:99999"), ("http://h:1", "a b:1"), (None, 6379)]
     if s.key in ("env.kwargs", "policy.overrides"):
         return [("3", 3), ("{a = }", "x")] + ([("{image = 1}", {"image": "vit"})] if s.key == "policy.overrides" else [])
     out = []
@@ -165,7 +169,7 @@ def test_shortcuts_set_their_keys_and_name_themselves_in_errors(capsys):
                             "--num-envs", "4", "--backend", "multiprocessing", "--num-workers", "2",
                             "--network", "gru", "--hidden", "32"])
     assert config["train"] | {"total_steps": 5000, "seed": 3, "device": "cpu"} == config["train"]
-    assert config["vec"] == {"backend": "multiprocessing", "num_envs": 4, "num_workers": 2}
+    assert config["vec"] == {"backend": "multiprocessing", "num_envs": 4, "num_workers": 2, "address": None}
     assert config["policy"]["network"] == "gru" and config["policy"]["hidden"] == 32
     for argv, words in ((["--num-envs", "4.5"], "--num-envs 4.5: expected an int >= 1"),
                         (["--total-steps", "-5"], "--total-steps -5: expected an int >= 1"),

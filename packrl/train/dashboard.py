@@ -121,6 +121,8 @@ class Dashboard:
         rows = [(label, fmt.format(stats[key]) if isinstance(stats.get(key), (int, float)) else "-")
                 for key, label, fmt in SHOWN]
         rows += [(f"return of {k[len(PER_AGENT):]}", f"{v:.3f}") for k, v in stats.items() if k.startswith(PER_AGENT)]
+        if isinstance(stats.get("env_restarts"), int):  # ray backend: lost env actors replaced
+            rows.append(("ray actor restarts", f"{stats['env_restarts']:,}"))
         if self.versus or any(k.startswith(VERSUS) for k in stats):
             rows[1:1] = [(f"vs {who}: win / draw / loss", _score(stats, prefix)) for who, prefix in
                          (("random", VERSUS), ("previous", PREVIOUS))]

@@ -98,6 +98,11 @@ def make_vecenv(config: dict, seed: int = 0) -> Any:
         raise ConfigError(f"packrl env {env['id']!r} runs on the numba backend (or numba inside multiprocessing "
                           f"workers), not {how}")
     extra = {"num_workers": num_workers} if num_workers is not None else {}
+    if vec.get("address") is not None:
+        if backend != "ray":
+            raise ConfigError(f"vec.address = {vec['address']!r} is the Ray cluster of the ray backend, not {how}: "
+                              "set vec.backend = 'ray' (--backend ray) or leave address out")
+        extra["address"] = vec["address"]
     try:
         return vector.make(creator, int(vec["num_envs"]), backend=backend, seed=seed, **extra)
     except PackrlError as err:

@@ -544,6 +544,8 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     tracker = start_tracker(options.track if main else None, folder, config, console)  # W&B beside TensorBoard
 
     def callback(stats: dict) -> bool:
+        if hasattr(ppo.env, "restarts"):  # the ray backend: lost env actors replaced so far (vector/ray_backend.py)
+            stats["env_restarts"] = int(ppo.env.restarts)
         if versus is not None and stats["iteration"] % options.versus_every == 0:
             stats.update(versus(ppo.policy, stats["iteration"]))
         due = main and stats["global_step"] < total and checkpoints.due(stats["global_step"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ ACTOR_OPTIONS = {"num_cpus": 1}  # one core per worker: Ray spreads workers over
 MAX_RESTARTS = 3  # per worker, as Ray's own max_restarts: a worker lost more often than this ends the vector env
 RESTART_SEED_STRIDE = 2**32  # a restarted block is reset with seed + restarts * stride: streams apart from the first
 RESTARTED = "actor_restarted"  # info key of the envs whose actor was lost at this step (its restart number)
+CONNECT_TIMEOUT_S = 10.0  # a cluster address must answer a TCP connection this fast (a head's GCS port does at once)
 LOST = (RayActorError, WorkerCrashedError)  # the actor's process is gone (not an env's own exception)
 
 
@@ -544,10 +546,19 @@ def _address_ok(address: str) -> bool:
 
 
 def _init(address: str | None) -> None:
-    """``ray.init`` (joining ``address`` when given); a cluster that cannot be joined is one EnvError line."""
+    """``ray.init`` (joining ``address`` when given); a cluster that cannot be joined is one EnvError line. A
+    ``host:port`` is probed first: Ray itself retries an address where nothing listens for ever."""
     if address is None:
         ray.init()
         return
+    if address not in ("auto", "local"):
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as err:
+            raise EnvError(f"cannot join the Ray cluster at address={address!r}: nothing answers at {host}:{port} "
+                           f"within {CONNECT_TIMEOUT_S:.0f} s ({err.strerror or type(err).__name__}); start it "
+                           "with `ray start --head` (docs/multinode.md)") from None
     try:
         ray.init(address=address)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:

@@ -1,0 +1,267 @@
+"""Ray env workers that survive a lost actor, on a real local Ray cluster: an actor taken by ``ray.kill`` or
+SIGKILL mid-run is replaced, its envs reset (seeded as documented), the cut episodes reported as truncated with
+the last observation seen, and the other workers' rows are untouched (each compared byte for byte with serial);
+a lost reset is redone; past ``max_restarts`` one error names the worker and its envs; a ``packrl train`` run
+whose actor is killed finishes with the restarts in its history; MiniGrid ids resolve in actors; and
+``--vec.address`` is checked."""
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+import ray
+import ray.cloudpickle
+
+from packrl import EnvError, UsageError, vector
+from packrl.cli import main
+from packrl.vector.ray_backend import RESTART_SEED_STRIDE, RayVectorEnv
+from tests.ray_start import start_ray
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors may not have tests/ on sys.path
+    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
+    yield
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def cartpole():
+    return gymnasium.make("CartPole-v1")
+
+
+def minigrid_by_plain_id():
+    """A creator that names a MiniGrid id without importing minigrid (an actor never imported it either)."""
+    return gymnasium.make("MiniGrid-Empty-5x5-v0")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids):
+    deadline = time.monotonic() + 30  # fault detection only: the machine is shared and loaded
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "actor processes survived"
+
+
+def lose(venv, w, how="ray.kill"):
+    """Kill worker ``w``'s actor (``ray.kill`` of the vector env's own handle, or SIGKILL to its process) and wait
+    until its process is gone: ``ray.kill`` returns before the actor stops, so a step sent at once may still run."""
+    pid = venv.worker_pids[w]
+    if how == "ray.kill":
+        ray.kill(venv.actors[w])
+    else:
+        os.kill(pid, signal.SIGKILL)  # the actor's process crashes
+    wait_gone([pid])
+
+
+class Reference:
+    """A serial vector env of the same envs: what the rows of a block must read from a given reset on."""
+
+    def __init__(self, num_envs, seed):
+        self.env = vector.make(cartpole, num_envs)
+        self.env.reset(seed=seed)
+
+    def step(self, actions):
+        out = self.env.step(actions)
+        return [np.array(x) for x in out[:4]] + [np.array(self.env.final_observations)]
+
+
+def test_killed_actors_are_replaced_and_their_cut_episodes_truncated():
+    n, seed = 4, 3
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, n) for _ in range(40)]
+    venv = vector.make(cartpole, n, backend="ray", num_workers=2, seed=seed)
+    first_pids = list(venv.worker_pids)
+    venv.reset()
+    # Rows 0-1 come from worker 0, rows 2-3 from worker 1; each block follows the reference of its last reset.
+    refs = {0: Reference(n, seed), 1: Reference(n, seed)}
+    blocks = {0: slice(0, 2), 1: slice(2, 4)}
+    kills = {5: (1, "ray.kill"), 17: (0, "SIGKILL"), 29: (1, "SIGKILL")}
+    for t, a in enumerate(actions):
+        lost = kills.get(t)
+        last_obs = np.array(venv.observations)
+        if lost is not None:
+            lose(venv, *lost)
+        obs, rew, term, trunc, infos = venv.step(a)
+        expected = {w: ref.step(a) for w, ref in refs.items()}
+        for w, rows in blocks.items():
+            if lost is not None and lost[0] == w:
+                restarts = venv.restarts
+                assert trunc[rows].all() and not term[rows].any() and not rew[rows].any(), (t, w)
+                np.testing.assert_array_equal(venv.final_observations[rows], last_obs[rows])
+                assert all(infos[e]["actor_restarted"] == venv.worker_restarts[w] for e in range(2 * w, 2 * w + 2))
+                # The new actor's envs: reset with seed + restarts * 2**32, env i its usual offset.
+                refs[w] = Reference(n, seed + restarts * RESTART_SEED_STRIDE)
+                np.testing.assert_array_equal(obs[rows], refs[w].env.observations[rows])
+                continue
+            o, r, te, tr, final = expected[w]
+            for name, got, want in (("obs", obs, o), ("rew", rew, r), ("term", term, te), ("trunc", trunc, tr)):
+                assert got[rows].tobytes() == want[rows].tobytes(), f"{name} of worker {w} at step {t}"
+            ended = te[rows] | tr[rows]
+            np.testing.assert_array_equal(venv.final_observations[rows][ended], final[rows][ended])
+    assert venv.restarts == 3 and venv.worker_restarts == [1, 2]
+    assert set(venv.worker_pids).isdisjoint(first_pids)
+    pids = list(venv.worker_pids)
+    venv.close()
+    wait_gone(first_pids + pids)
+
+
+def test_a_reset_whose_actor_was_lost_is_redone_with_its_seed():
+    venv = vector.make(cartpole, 4, backend="ray", num_workers=2, seed=0)
+    venv.reset()
+    lose(venv, 0)
+    obs, _ = venv.reset(seed=11)
+    assert venv.restarts == 1
+    np.testing.assert_array_equal(obs, Reference(4, 11).env.observations)
+    _, _, term, trunc, _ = venv.step(np.zeros(4, np.int64))
+    assert not trunc.any() and not term.any()  # a reset cuts no episode
+    venv.close()
+
+
+def test_past_max_restarts_one_error_names_the_worker_and_its_envs():
+    venv = vector.make(cartpole, 4, backend="ray", num_workers=2, max_restarts=1)
+    venv.reset(seed=0)
+    lose(venv, 1)
+    venv.step(np.zeros(4, np.int64))
+    assert venv.worker_restarts == [0, 1]
+    lose(venv, 1, "SIGKILL")
+    with pytest.raises(EnvError, match=r"ray worker 1 \(envs 2..3\) was lost again \(\w+\) after 1 restart\(s\); "
+                                       r"max_restarts=1") as err:
+        venv.step(np.zeros(4, np.int64))
+    assert err.value.worker == 1
+    with pytest.raises(EnvError, match="failed earlier"):
+        venv.step(np.zeros(4, np.int64))
+    venv.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_max_restarts_must_be_a_count(bad):
+    with pytest.raises(UsageError, match=f"max_restarts must be an int >= 0.*got {bad!r}"):
+        RayVectorEnv(cartpole, 2, max_restarts=bad)
+
+
+def test_address_is_refused_when_ray_is_already_running():
+    with pytest.raises(UsageError, match="address='auto': Ray is already initialized in this process"):
+        vector.make(cartpole, 2, backend="ray", address="auto")
+    with pytest.raises(UsageError, match="address must be auto, local, host:port"):
+        vector.make(cartpole, 2, backend="ray", address="10.0.0.1")
+
+
+def test_minigrid_ids_resolve_in_ray_actors():
+    import minigrid  # noqa: F401 - the driver's registry, as a user's script has it
+
+    serial = vector.make(minigrid_by_plain_id, 2, seed=5)
+    want, _ = serial.reset()
+    with vector.make(minigrid_by_plain_id, 2, backend="ray", num_workers=2, seed=5) as venv:
+        obs, _ = venv.reset()
+        assert obs.tobytes() == want.tobytes()
+        a = np.array([2, 1])
+        assert venv.step(a)[0].tobytes() == serial.step(a)[0].tobytes()
+
+
+def test_minigrid_ids_resolve_in_actors_of_a_driver_that_never_imported_minigrid():
+    # A fresh driver joins this cluster: neither it nor its actors ran `import minigrid`.
+    script = (
+        "import sys, gymnasium, numpy as np\n"
+        "from packrl import vector\n"
+        "assert 'minigrid' not in sys.modules\n"
+        "v = vector.make(lambda: gymnasium.make('MiniGrid-Empty-5x5-v0'), 2, backend='ray', num_workers=1, seed=5)\n"
+        "obs, _ = v.reset()\n"
+        "print(obs.tobytes().hex())\n"
+        "v.close()\n")
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import minigrid  # noqa: F401
+
+    want, _ = vector.make(minigrid_by_plain_id, 2, seed=5).reset()
+    assert done.stdout.strip().splitlines()[-1] == want.tobytes().hex()
+
+
+def ray_vector_envs():
+    # type() rather than isinstance: no attribute lookups on every object of the heap
+    return [o for o in gc.get_objects() if type(o) is RayVectorEnv and getattr(o, "_seeded", False) and not o.closed]
+
+
+def test_packrl_train_on_ray_survives_killed_actors_and_records_restarts(tmp_path, capsys):
+    kills = []
+    stop = threading.Event()
+
+    def killer():
+        """Find the run's vector env, kill one of its actors by its handle, twice, a restart apart."""
+        while not stop.is_set():
+            found = ray_vector_envs()
+            venv = found[0] if found else None
+            if venv is not None and venv.restarts == len(kills) and len(kills) < 2:
+                time.sleep(0.5)  # some steps between losses
+                ray.kill(venv.actors[len(kills) % venv.num_workers])
+                kills.append(time.monotonic())
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        rc = main(["train", "CartPole-v1", "--backend", "ray", "--num-envs", "4", "--num-workers", "2",
+                   "--total-steps", "16384", "--train.num_steps", "64", "--out", str(tmp_path / "run")])
+    finally:
+        stop.set()
+        thread.join(30)
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-2000:]
+    history = [json.loads(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert kills, "the run ended before an actor could be killed"
+    assert history[-1]["env_restarts"] == len(kills)
+    assert history[-1]["global_step"] >= 16384
+    counts = [row["env_restarts"] for row in history]
+    assert counts == sorted(counts) and counts[0] <= len(kills)
+
+
+def test_packrl_train_minigrid_on_ray(tmp_path, capsys):
+    rc = main(["train", "MiniGrid-Empty-5x5-v0", "--backend", "ray", "--num-envs", "2", "--num-workers", "2",
+               "--total-steps", "256", "--train.num_steps", "64", "--out", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-2000:]
+    history = [json.loads(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["env_restarts"] == 0 and history[-1]["global_step"] >= 256
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--vec.address", "10.0.0.1:6379"], "vec.address = '10.0.0.1:6379' is the Ray cluster of the ray backend, "
+                                         "not backend 'serial'"),
+    (["--backend", "multiprocessing", "--vec.address", "auto"], "not backend 'multiprocessing'"),
+    (["--backend", "ray", "--vec.address", "10.0.0.1"], "--vec.address 10.0.0.1: expected auto, local, host:port"),
+    (["--backend", "ray", "--vec.address", "h:70000"], "--vec.address h:70000: expected auto"),
+])
+def test_vec_address_flag_misuse_is_one_line_exit_2(argv, words, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--total-steps", "64", *argv,
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_vec_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--backend", "ray",
+                           "--vec.address", "127.0.0.1:1", "--total-steps", "64", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "RAY_ADDRESS": ""})
+    assert done.returncode == 2, done.stderr
+    assert "cannot join the Ray cluster at address='127.0.0.1:1': nothing answers" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
