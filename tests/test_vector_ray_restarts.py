@@ -265,3 +265,54 @@ def test_vec_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "cannot join the Ray cluster at address='127.0.0.1:1': nothing answers" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_multinode_doc_runs_on_one_machine(tmp_path):
+    """docs/multinode.md's one-machine block as a bash script, with the changes the doc states: a free port for
+    6379 (other Rays may run here), the head's own --temp-dir (`ray start` records its address in
+    /tmp/ray/ray_current_cluster, where any plain ray.init() on the machine, other tests' included, would join it)
+    and --block in its own process group, stopped by killing that group instead of `ray stop` (which stops every
+    Ray of the user)."""
+    import shutil
+    import tempfile
+
+    temp_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths live under it
+    text = (ROOT / "docs" / "multinode.md").read_text()
+    block = text.split("## On one machine, as written")[1].split("```bash\n")[1].split("```")[0]
+    lines = block.strip().splitlines()
+    assert lines[-1] == "ray stop" and lines[1].startswith("ray start --head")
+    port = str(free_port())
+    lines = [line.replace("6379", port) for line in lines[:-1]]
+    lines[1] = f"setsid {lines[1]} --temp-dir {temp_dir} --block > head.log 2>&1 & echo $! > head.pid; sleep 1"
+    wait = f"for i in $(seq 240); do python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\" " \
+           "2>/dev/null && break; sleep 0.5; done"
+    script = "\n".join(["set -e", lines[0], lines[1], wait, *lines[2:]]) + "\n"
+    bin_dir = Path(sys.executable).parent  # ray, packrl and python of this venv, as an activated venv has them
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=900)
+    finally:
+        pid_file = tmp_path / "head.pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        time.sleep(5)  # the head's processes leave their session folder
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    history = [json.loads(line) for line in (tmp_path / "runs" / "cartpole-ray" / "history.jsonl").read_text()
+               .splitlines()]
+    assert history[-1]["global_step"] >= 4096 and history[-1]["env_restarts"] == 0
+    config = json.loads((tmp_path / "runs" / "cartpole-ray" / "checkpoint" / "metadata.json").read_text())
+    assert f'"address": "127.0.0.1:{port}"' in json.dumps(config)
