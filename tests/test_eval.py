@@ -24,9 +24,9 @@ def _rows(out):
     """{mode: (mean, episodes)} from the printed table."""
     rows = {}
     for line in out.splitlines():
-        m = re.search(r"(sampled|greedy)( \((?:default|--mode)\))?\s*│\s*(-?[\d.]+)\s*│(?:[^│]*│){3}\s*(\d+)\s*│", line)
+        m = re.search(r"(sampled|greedy)( \((?:default|--mode)\))?\s*│\s*(-?[\d.]+)\s*│(?:[^│]*│){3}\s*(\d+) of (\d+)\s*│", line)
         if m:
-            rows[m.group(1)] = (float(m.group(3)), int(m.group(4)), bool(m.group(2)))
+            rows[m.group(1)] = (float(m.group(3)), int(m.group(5)), bool(m.group(2)))
     return rows
 
 
@@ -49,7 +49,7 @@ def test_sampled_and_greedy_side_by_side_with_the_default_named(checkpoint, caps
 
 def _time_limits(out):
     """{mode: episodes truncated by the time limit} from the printed table's last column."""
-    found = re.findall(r"(sampled|greedy)[^│]*│(?:[^│]*│){5}\s*(\d+)\s*│", out)
+    found = re.findall(r"(sampled|greedy)[^│]*│(?:[^│]*│){4}\s*(\d+) of \d+\s*│", out)
     return {mode: int(n) for mode, n in found}
 
 
@@ -186,3 +186,23 @@ def test_an_env_with_a_nan_reward_exits_1_with_one_line(checkpoint, capsys):
     captured = capsys.readouterr()
     assert rc == 1 and "mean return" not in captured.out
     assert captured.err.count("\n") == 1 and "reward=nan" in captured.err and "not finite" in captured.err
+
+
+def test_a_mujoco_policy_renders_without_a_display(tmp_path):
+    """`packrl eval --render` of a MuJoCo checkpoint on a machine without a display: MuJoCo's default OpenGL
+    (GLFW) has no context there, so packrl renders through EGL unless MUJOCO_GL says otherwise; the GIF holds
+    the episode's frames."""
+    import os
+    import subprocess
+    import sys
+
+    import imageio.v3 as iio
+
+    path = save_untrained(tmp_path / "checkpoint", env_id="InvertedPendulum-v5")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    gif = tmp_path / "episode.gif"
+    done = subprocess.run([sys.executable, "-m", "packrl", "eval", str(path), "--episodes", "2", "--render", str(gif)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    frames = iio.imread(gif)
+    assert frames.ndim == 4 and frames.shape[0] > 1 and frames.shape[-1] == 3 and frames.std() > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
         vecenv.close()
     table = Table(title=escape(f"{env_id}: {episodes} episodes per mode, seed {seed}, "
                                f"trained {_steps(metadata.get('global_step'))} steps"))
-    for column in ("mode", "mean return", "std", "min", "max", "episodes", "time limit"):
+    for column in ("mode", "mean return", "std", "min", "max", "time limit"):  # the title gives the episodes
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=column == "mode")
     table.caption = ("sampled: actions drawn from the policy, as in training; greedy: its most likely action "
                      "(never a draw, so it can repeat one state's action forever); time limit: the episodes "
@@ -105,8 +106,8 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     for name, ended in results.items():
         returns = ended.returns
         label = name + ((" (default)" if name == "sampled" else " (--mode)") if name == mode else "")
-        table.add_row(label, f"{returns.mean():.3f}", f"{returns.std():.3f}", f"{returns.min():.3f}",
-                      f"{returns.max():.3f}", str(len(returns)), str(int(ended.truncated.sum())))
+        table.add_row(label, *(_number(x) for x in (returns.mean(), returns.std(), returns.min(), returns.max())),
+                      f"{int(ended.truncated.sum())} of {len(returns)}")
     console.print(table)
     loops = int(results["greedy"].truncated.sum()) - int(results["sampled"].truncated.sum())
     if loops > 0:
@@ -140,6 +141,7 @@ def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str,
     from packrl.train.run import ConfigError, load_policy
 
     cannot = f"--render: {env_id!r} cannot render rgb_array frames"
+    _headless_gl()
     try:
         policy, _, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
                                         trust_checkpoint=trust_checkpoint, expected_sha256=sha256, num_envs=1,
@@ -158,10 +160,28 @@ def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str,
             frames = record_frames(policy, vecenv, deterministic=MODES[mode], seed=seed, device=device)
         except EvaluationError as err:
             raise ConfigError(f"{cannot}: {err}") from None
+        except Exception as err:  # a renderer's own failure (no OpenGL context, ...): one line
+            if not type(err).__module__.startswith(("mujoco", "OpenGL", "pygame")):
+                raise
+            raise ConfigError(f"{cannot}: {type(err).__name__}: {' '.join(str(err).split())[:200]} (MUJOCO_GL="
+                              f"{os.environ.get('MUJOCO_GL', '')!r}; try MUJOCO_GL=egl or osmesa)") from None
     finally:
         vecenv.close()
     iio.imwrite(out, frames, duration=50, loop=0)
     return Path(out)
+
+
+def _number(x: float) -> str:
+    """A return in at most 8 characters (the table fits 80 columns): 3 decimals below 100, fewer above."""
+    return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}" if abs(x) < 100_000 else f"{x:.4g}"
+
+
+def _headless_gl() -> None:
+    """Without a display, MuJoCo's default OpenGL (GLFW) cannot open a context: render through EGL instead,
+    unless the user chose a backend (MUJOCO_GL, read when the first renderer is made)."""
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("MUJOCO_GL")):
+        os.environ["MUJOCO_GL"] = "egl"
+        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 
 def _check_device(device: str) -> None:
