@@ -161,11 +161,12 @@ PRESETS: tuple[Preset, ...] = (
         "learning rate 3e-4 annealed, gamma 0.99, gae_lambda 0.95, clip 0.2 with value clipping (in the scaled "
         "rewards' units), ent_coef 0.0, vf_coef 0.5, max_grad_norm 0.5, separate actor and critic of 64 units, "
         "state-independent log-std starting at 0, NormalizeObservation and NormalizeReward (both clipped at 10): "
-        "policy.normalize_observations and train.normalize_rewards here. Measured (benchmarks/learning.py "
-        "--continuous, 100k steps, seeds 0-2, 2026-12-04): MountainCarContinuous-v0 settles on standing still "
-        "(training mean -1.6, greedy -0.01 to -0.05), while a CleanRL-style loop with the same settings met 90 at "
-        "31k-39k steps (greedy 93): the gap is in how packrl trains them (its tanh-squashed head, normalization "
-        "timing, network), not in these numbers; see benchmarks/README.md, continuous control",
+        "policy.normalize_observations and train.normalize_rewards here; CleanRL's tanh activations "
+        "(policy.activation). Measured (benchmarks/learning.py --continuous --tasks mountaincar-continuous, 100k "
+        "steps, seeds 0-2, 2026-12-04): MountainCarContinuous-v0 met a moving mean of 90 at 25k-37k steps (median "
+        "35k), greedy eval 93.3-96.0; with relu it settled on standing still (training mean -1.6, greedy -0.01 to "
+        "-0.05) on every seed, also under CleanRL's own per-step normalization wrappers, so the activation, not the "
+        "head or the normalization timing, made the difference (benchmarks/README.md, continuous control)",
         ("MountainCarContinuous-*", "LunarLanderContinuous-*", "BipedalWalker*", "HalfCheetah-*", "Hopper-*",
          "Walker2d-*", "Ant-*", "Humanoid-*", "HumanoidStandup-*", "Swimmer-*", "Reacher-*", "Pusher-*",
          "InvertedPendulum-*", "InvertedDoublePendulum-*"),
