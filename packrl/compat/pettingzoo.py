@@ -100,14 +100,6 @@ class PackedParallelEnv(ParallelEnv):
             rew.setdefault(self.possible_agents[row], float(rewards[row]))
         return obs, rew, term, trunc, info
 
-    def __setstate__(self, state: dict) -> None:
-        # a copy (SuperSuit's vector recipes cloudpickle the env they are given): the emulation's row
-        # writers come back bound to copies of its arrays, so bind them to its arrays again
-        self.__dict__.update(state)
-        env = self.env
-        env.set_buffers(env.observations, env.final_observations, env.rewards, env.terminals, env.truncations,
-                        env.masks)
-
     def render(self) -> Any:
         return self.env.render()
 

@@ -52,6 +52,15 @@ class GymnasiumEmulation(EmulatedRows):
         self.masks[:] = True  # the one agent acts on every step
         self._packer = self._obs_rows[0]
 
+    def __getstate__(self) -> dict:
+        # the C decoder's capsule does not pickle, and the packer is a view of the buffers: both rebuilt
+        return {k: v for k, v in super().__getstate__().items() if k not in ("_action_spec", "_packer")}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._action_spec = self.emulated.action.spec
+        self._packer = self._obs_rows[0]
+
     @property
     def done(self) -> bool:
         """True after the step that ended the episode (terminated or truncated)."""

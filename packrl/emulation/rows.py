@@ -74,6 +74,16 @@ class EmulatedRows:
         self._obs_rows = self._row_writers(observations)
         self._final_rows = self._row_writers(final_observations)
 
+    def __getstate__(self) -> dict:
+        # the row writers are views of the buffers; pickled apart from them, a copy would write its rows into
+        # arrays nobody reads (all-zero observations): rebuilt from the copy's own buffers in __setstate__
+        return {k: v for k, v in self.__dict__.items() if k not in ("_obs_rows", "_final_rows")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._obs_rows = self._row_writers(self.observations)
+        self._final_rows = self._row_writers(self.final_observations)
+
     def _row_writers(self, buf: np.ndarray) -> list:
         """Per row, an object whose ``pack(obs)`` checks one observation and writes it into that row."""
         if self.passthrough:
