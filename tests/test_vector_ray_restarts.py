@@ -7,6 +7,7 @@ whose actor is killed finishes with the restarts in its history; MiniGrid ids re
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,9 @@ import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from packrl import EnvError, UsageError, vector
 from packrl.cli import main
@@ -316,3 +320,63 @@ def test_multinode_doc_runs_on_one_machine(tmp_path):
     assert history[-1]["global_step"] >= 4096 and history[-1]["env_restarts"] == 0
     config = json.loads((tmp_path / "runs" / "cartpole-ray" / "checkpoint" / "metadata.json").read_text())
     assert f'"address": "127.0.0.1:{port}"' in json.dumps(config)
+
+
+def test_async_batches_go_on_when_an_actor_is_lost():
+    n, batch = 4, 2
+    venv = vector.make(cartpole, n, backend="ray", num_workers=4, batch_size=batch, seed=2,
+                       actor_options={"num_cpus": 0.5})  # 4 workers on 2 cores
+    venv.async_reset()
+    b = venv.recv()
+    venv.send(np.zeros(batch, np.int64))
+    lose(venv, 2)
+    cut = []
+    deadline = time.monotonic() + 120  # fault detection only
+    while not cut and time.monotonic() < deadline:
+        b = venv.recv()
+        for row, e in enumerate(b.env_ids):
+            if "actor_restarted" in b.infos[row]:
+                cut.append(int(e))
+                assert b.truncations[row] and not b.terminals[row] and b.rewards[row] == 0
+        venv.send(np.zeros(batch, np.int64))
+    assert cut == [2] and venv.worker_restarts == [0, 0, 1, 0]
+    for _ in range(8):  # and every env keeps coming
+        b = venv.recv()
+        venv.send(np.zeros(batch, np.int64))
+    venv.close()
+
+
+def test_the_dashboard_shows_the_restarts():
+    import io
+
+    from rich.console import Console
+
+    from packrl.train.dashboard import Dashboard
+
+    console = Console(file=io.StringIO(), width=120)
+    board = Dashboard("t", 100, live=False, console=console)
+    board.update({"global_step": 10, "sps": 5.0})
+    assert "ray actor restarts" not in _table_rows(board, console)  # other backends: no row
+    board.update({"global_step": 20, "sps": 5.0, "env_restarts": 2})
+    assert re.search(r"ray actor restarts\W+2\b", _table_rows(board, console))
+
+
+def _table_rows(board, console):
+    with console.capture() as capture:
+        console.print(board.table())
+    return capture.get()
+
+
+@hsettings(max_examples=300)
+@given(st.one_of(st.text(max_size=30), st.builds(lambda h, p: f"{h}:{p}", st.text(max_size=12),
+                                                  st.integers(-5, 70_000))))
+def test_the_setting_and_the_backend_check_addresses_alike(text):
+    from packrl.config import _check_ray_address
+    from packrl.vector.ray_backend import check_address
+
+    try:
+        check_address(text)
+        backend_ok = True
+    except UsageError:
+        backend_ok = False
+    assert (_check_ray_address(text) is None) == backend_ok, text
