@@ -380,3 +380,26 @@ def test_the_setting_and_the_backend_check_addresses_alike(text):
     except UsageError:
         backend_ok = False
     assert (_check_ray_address(text) is None) == backend_ok, text
+
+
+def test_a_lost_multi_agent_actor_truncates_its_agent_rows():
+    import functools
+
+    from mpe2 import simple_spread_v3
+
+    creator = functools.partial(simple_spread_v3.parallel_env, N=2, max_cycles=50)
+    venv = vector.make(creator, 2, backend="ray", num_workers=2, seed=0)
+    venv.reset()
+    actions = np.zeros(venv.num_agents, np.int64)
+    venv.step(actions)
+    alive_before = np.array(venv.masks)
+    last = np.array(venv.observations)
+    lose(venv, 1)
+    _, rew, term, trunc, infos = venv.step(actions)
+    rows = slice(2, 4)  # env 1's two agent rows
+    assert alive_before[rows].all()
+    np.testing.assert_array_equal(trunc[rows], alive_before[rows])
+    assert not term[rows].any() and not rew[rows].any() and infos[1]["actor_restarted"] == 1
+    np.testing.assert_array_equal(venv.final_observations[rows], last[rows])
+    assert not trunc[:2].any() and "actor_restarted" not in infos[0]
+    venv.close()
