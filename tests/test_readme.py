@@ -100,12 +100,18 @@ def run_folder(argv: list[str], workdir: Path) -> Path:
     raise AssertionError(f"{shlex.join(argv)}: the README's train commands name their run folder")
 
 
+LEARNS = {"MountainCarContinuous-v0": 90.0}  # env -> the return the README promises its train command reaches
+
+
 def check_train(argv, out, workdir):
     folder = run_folder(argv, workdir)
     assert "run folder: " in out and "checkpoint: " in out
     metadata = json.loads((folder / "checkpoint" / "metadata.json").read_text())
     assert metadata["global_step"] >= int(argv[argv.index("--total-steps") + 1])
     assert (folder / "history.jsonl").exists()
+    if argv[2] in LEARNS:  # the README says this run learns: its last mean episode return shows it
+        last = float(re.search(r"last mean episode return (-?[\d.]+)", out).group(1))
+        assert last >= LEARNS[argv[2]], out[-2000:]
 
 
 def check_eval(argv, out, workdir):
