@@ -327,8 +327,11 @@ def test_async_batches_go_on_when_an_actor_is_lost():
     venv = vector.make(cartpole, n, backend="ray", num_workers=4, batch_size=batch, seed=2,
                        actor_options={"num_cpus": 0.5})  # 4 workers on 2 cores
     venv.async_reset()
-    b = venv.recv()
-    venv.send(np.zeros(batch, np.int64))
+    stepping = set()  # envs whose reply in flight is a step's (a lost reset is redone, not a cut episode)
+    while 2 not in stepping:
+        b = venv.recv()
+        venv.send(np.zeros(batch, np.int64))
+        stepping.update(int(e) for e in b.env_ids)
     lose(venv, 2)
     cut = []
     deadline = time.monotonic() + 120  # fault detection only
