@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from packrl.checkpoint import CheckpointError
 from packrl.emulation import Layout
+from packrl.errors import UsageError
 from packrl.train.replay import ReplayBuffer
 from packrl.train.replay_store import ARRAYS, METADATA, STATE
 from tests.replay_streams import GAMMA, add, stream
@@ -347,3 +348,15 @@ def test_any_resigned_byte_change_of_the_arrays_loads_or_is_a_checkpoint_error(t
 def test_missing_folder_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="no replay.json"):
         ReplayBuffer.load(tmp_path / "nowhere")
+
+
+def test_a_frame_stack_beyond_the_capacity_is_refused(tmp_path):
+    """Found by the fuzz above: a re-signed frame_stack of 493,374,223 loaded, and the first sample asked for
+    33 GiB. A stack holds at most MAX_FRAME_STACK (1024) frames: the load refuses more, as the constructor does."""
+    buf, path = _dict_buffer(tmp_path, frame_stack=2)
+    metadata = json.loads((path / METADATA).read_text())
+    _resign(path, {**metadata, "frame_stack": 493_374_223})
+    with pytest.raises(CheckpointError, match="frame_stack=493374223 is more than 1024 frames"):
+        ReplayBuffer.load(path)
+    with pytest.raises(UsageError, match="frame_stack=1025 is more than 1024 frames"):
+        ReplayBuffer(8, 1, (4,), np.uint8, frame_stack=1025)

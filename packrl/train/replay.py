@@ -110,6 +110,8 @@ class ReplayBuffer:
         if not float(priority_eps) > 0.0 or not math.isfinite(float(priority_eps)):
             raise UsageError(f"ReplayBuffer priority_eps must be finite and > 0, got {priority_eps}")
         self.frame_stack = _count("frame_stack", frame_stack, 1)
+        if self.frame_stack > MAX_FRAME_STACK:
+            raise UsageError(f"ReplayBuffer frame_stack={self.frame_stack} is more than {MAX_FRAME_STACK} frames")
         rows_are_layout = (layout is not None and tuple(observation_shape) == (layout.nbytes,)
                            and np.dtype(observation_dtype) == np.uint8)
         self.frame_stack_leaf, self._stacked = _stacked_leaf(layout if rows_are_layout else None, frame_stack_leaf,
@@ -512,6 +514,11 @@ def _unreferenced() -> int:
 
 
 UNREFERENCED = _unreferenced()
+
+
+MAX_FRAME_STACK = 1024
+"""The most frames a stack may hold (DrQ-v2 stacks 3, Atari agents 4): each sample allocates batch x frame_stack
+copies of the stacked leaf, so a larger value is an error, not a request."""
 
 
 def _count(name: str, value: Any, least: int) -> int:
