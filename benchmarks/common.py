@@ -92,6 +92,19 @@ def summary(values: list) -> str:
     return f"{fmt(statistics.median(found))} [{fmt(min(found))}-{fmt(max(found))}]{share}"
 
 
+def record_returns(ppo, record: Callable[[list[float]], object]) -> None:
+    """Give ``record`` the returns of the episodes that finished in each iteration (a list per iteration), by
+    swapping ``ppo.episodes`` for an EpisodeTracker that reports them before PPO pops its statistics."""
+    from packrl.train.ppo import EpisodeTracker
+
+    class Recording(EpisodeTracker):
+        def pop(self) -> dict:
+            record([r for r, _, _ in self.finished])
+            return super().pop()
+
+    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+
+
 def setting_changes(items: list[str]) -> dict:
     """``--set section.key=value`` items as ``{section: {key: value}}`` (values parsed as the CLI parses them)."""
     from packrl.train.run import parse_value

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from common import machine_line, print_table, setting_changes, summary
+from common import machine_line, print_table, record_returns, setting_changes, summary
 from targets import Split, Target, median_index, print_targets, seeds_target, wall_ratio_target, wall_target
 from train import CleanRLArgs, cleanrl_ppo
 from train_continuous import ContinuousArgs, cleanrl_ppo_continuous, greedy_returns_continuous
@@ -79,7 +79,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     from packrl import config as settings
     from packrl import vector
     from packrl.train.evaluate import evaluate
-    from packrl.train.ppo import PPO, EpisodeTracker
+    from packrl.train.ppo import PPO
     from packrl.train.run import build_ppo
 
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
@@ -95,12 +95,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     cfg, vecenv, policy = ppo.config, ppo.env, ppo.policy
     window: deque = deque(maxlen=window_size)
 
-    class Recording(EpisodeTracker):
-        def pop(self) -> dict:
-            window.extend(r for r, _, _ in self.finished)
-            return super().pop()
-
-    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+    record_returns(ppo, window.extend)
     hit: list = []
     spent = {"rollout": 0.0, "update": 0.0, "iterations": 0}  # up to the threshold, for the wall target's gap
     minibatches = cfg.update_epochs * cfg.num_minibatches  # per update (no target_kl in the presets: every epoch runs)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from common import machine_line, print_table, setting_changes, summary
+from common import machine_line, print_table, record_returns, setting_changes, summary
 from torch import nn
 
 THRESHOLD = 0.9
@@ -86,7 +86,6 @@ class Window:
 def packrl_run(env_id: str, seed: int, budget: int, changes: dict) -> Result:
     """`packrl train ENV_ID --seed SEED --total-steps BUDGET` (plus ``changes``), stopped at the threshold."""
     from packrl import config as settings
-    from packrl.train.ppo import EpisodeTracker
     from packrl.train.run import build_ppo
 
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
@@ -97,12 +96,7 @@ def packrl_run(env_id: str, seed: int, budget: int, changes: dict) -> Result:
     ppo = build_ppo(config)
     finished: list = []
 
-    class Recording(EpisodeTracker):
-        def pop(self) -> dict:
-            finished.extend(r for r, _, _ in self.finished)
-            return super().pop()
-
-    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+    record_returns(ppo, finished.extend)
 
     def callback(stats: dict) -> bool:
         solved = window.add(finished, stats["global_step"])

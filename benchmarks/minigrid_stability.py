@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from common import machine_line, print_table, setting_changes
+from common import machine_line, print_table, record_returns, setting_changes
 
 FIRST, FLOOR, SPAN = 0.9, 0.5, 5  # reach FIRST, then never below FLOOR; means over SPAN iterations
 
@@ -33,7 +33,6 @@ class Run:
 
 def run(env_id: str, seed: int, budget: int, changes: dict) -> Run:
     from packrl import config as settings
-    from packrl.train.ppo import EpisodeTracker
     from packrl.train.run import build_ppo
 
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
@@ -44,12 +43,7 @@ def run(env_id: str, seed: int, budget: int, changes: dict) -> Run:
     ppo = build_ppo(config)
     finished: list = []
 
-    class Recording(EpisodeTracker):
-        def pop(self) -> dict:
-            finished.append([r for r, _, _ in self.finished])
-            return super().pop()
-
-    ppo.episodes = Recording(ppo.num_rows, ppo.episodes.agents)
+    record_returns(ppo, finished.append)
     recent: deque = deque(maxlen=SPAN)
     state = {"first": None, "lowest": None, "lowest_at": None, "mean": float("nan")}
 
