@@ -244,8 +244,12 @@ def _recover(path: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a temporary folder of this process is not in use once its save returned or raised
+    # a temporary folder of this process is not in use once its save returned or raised
+    return pid != os.getpid() and pid_exists(pid)
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether the kernel knows process ``pid`` (signal 0: nothing is sent; another user's process exists too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
