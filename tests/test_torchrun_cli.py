@@ -212,6 +212,15 @@ def test_killed_rank_makes_the_other_exit_naming_it(tmp_path):
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
+def _free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 listens on now (the rendezvous store of ranks started by hand)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch_by_hand(cwd: Path, port: int) -> list[subprocess.Popen]:
     """Two ranks started with torchrun's variables but no torchrun: nothing but packrl stops the survivor."""
     procs = []
@@ -228,12 +237,7 @@ def _launch_by_hand(cwd: Path, port: int) -> list[subprocess.Popen]:
 def test_lost_rank_without_torchrun_never_hangs(tmp_path, victim):
     """Without torchrun's agent (which SIGTERMs the others), the survivor alone finds the lost rank, whichever it
     is (rank 0 also hosts the rendezvous store): exit 3 within 60 s, one line naming it."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = _launch_by_hand(tmp_path, port)
+    procs = _launch_by_hand(tmp_path, _free_port())
     try:
         _wait_for_training(tmp_path / "run")
         procs[victim].kill()
@@ -275,11 +279,7 @@ CHECK_SCRIPT = textwrap.dedent("""
 
 def test_check_identical_catches_one_ulp(tmp_path):
     """The in-run proof can fail: a one-ulp difference on rank 1 is refused on both ranks, naming rank 1."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-c", CHECK_SCRIPT, str(rank), str(port)], env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -313,12 +313,7 @@ def test_the_docs_one_machine_commands_run_as_written(tmp_path):
 def test_a_rank_that_hangs_stops_the_other_after_the_timeout(tmp_path):
     """SIGSTOP to rank 1 (alive, silent): rank 0's next collective gives up after --collective-timeout (30 s here)
     and it exits 3 with one line saying no rank on this host exited and how long collectives wait."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = _launch_by_hand(tmp_path, port)
+    procs = _launch_by_hand(tmp_path, _free_port())
     try:
         _wait_for_training(tmp_path / "run")
         procs[1].send_signal(signal.SIGSTOP)
