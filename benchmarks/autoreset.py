@@ -17,7 +17,6 @@ import argparse
 import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import gymnasium
@@ -28,7 +27,7 @@ from packrl import vector
 from packrl.vector.testing import ScriptedEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line
+from common import machine_line, us_per_step
 
 ENVS = {"CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"), "ScriptedEnv (Dict)": ScriptedEnv}
 MODES = ("SAME_STEP", "NEXT_STEP", "DISABLED")
@@ -43,30 +42,6 @@ def step_fn(env, disabled: bool):
             if ended.any():
                 env.reset(options={"reset_mask": ended})
     return step
-
-
-def us_per_step(makers: dict, n: int, seconds: float, repeats: int) -> dict[str, list[float]]:
-    """us per step of each env, measured in turn within each repeat (so a change of load hits all alike)."""
-    envs = {name: make() for name, make in makers.items()}
-    steps_of = {name: step_fn(env, name.endswith("DISABLED")) for name, env in envs.items()}
-    rng = np.random.default_rng(0)
-    actions = [rng.integers(0, 2, n) for _ in range(64)]
-    for name, env in envs.items():
-        env.reset(seed=0)
-        for k in range(50):
-            steps_of[name](actions[k % 64])
-    samples: dict[str, list[float]] = {name: [] for name in envs}
-    for _ in range(repeats):
-        for name, step in steps_of.items():
-            steps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                for _ in range(16):
-                    step(actions[steps % 64])
-                    steps += 1
-            samples[name].append((time.perf_counter() - start) / steps * 1e6)
-    for env in envs.values():
-        env.close()
-    return samples
 
 
 def main() -> None:
@@ -88,7 +63,8 @@ def main() -> None:
                 vector.make, creator, n, backend="multiprocessing", autoreset_mode=mode)
             makers[f"gym Sync {mode}"] = functools.partial(SyncVectorEnv, [creator] * n,
                                                            autoreset_mode=AutoresetMode[mode])
-        cells = us_per_step(makers, n, args.seconds, args.repeats)
+        cells = us_per_step(makers, n, args.seconds, args.repeats,
+                            lambda name, env: step_fn(env, name.endswith("DISABLED")))
         med = {k: statistics.median(v) for k, v in cells.items()}
         print(f"{env_name}:")
         for name, values in cells.items():

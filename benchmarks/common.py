@@ -73,6 +73,33 @@ def per_call_us(fn: Callable[[], object], repeats: int = 7, min_time: float = 0.
     return statistics.median(samples), max(samples) - min(samples)
 
 
+def us_per_step(makers: dict, n: int, seconds: float, repeats: int,
+                step_of: Callable[[str, object], Callable] | None = None) -> dict[str, list[float]]:
+    """us per vector step of each env (``makers``: name -> a vector env of ``n`` envs with two actions), measured
+    in turn within each repeat (so a change of load hits all alike), after a 50-step warm-up from ``reset(seed=0)``.
+    ``step_of(name, env)`` is the step to time (default: ``env.step``)."""
+    envs = {name: make() for name, make in makers.items()}
+    steps_of = {name: step_of(name, env) if step_of else env.step for name, env in envs.items()}
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, n) for _ in range(64)]
+    for name, env in envs.items():
+        env.reset(seed=0)
+        for k in range(50):
+            steps_of[name](actions[k % 64])
+    samples: dict[str, list[float]] = {name: [] for name in envs}
+    for _ in range(repeats):
+        for name, step in steps_of.items():
+            steps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for _ in range(16):
+                    step(actions[steps % 64])
+                    steps += 1
+            samples[name].append((time.perf_counter() - start) / steps * 1e6)
+    for env in envs.values():
+        env.close()
+    return samples
+
+
 def print_table(title: str, columns: list[str], rows: list[list[object]]) -> None:
     table = Table(title=title)
     for col in columns:

@@ -16,7 +16,6 @@ import argparse
 import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import gymnasium
@@ -28,32 +27,9 @@ from packrl.vector.infos import to_dict
 from packrl.vector.testing import ScriptedEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, per_call_us
+from common import machine_line, per_call_us, us_per_step
 
 ENVS = {"CartPole-v1": functools.partial(gymnasium.make, "CartPole-v1"), "ScriptedEnv (Dict)": ScriptedEnv}
-
-
-def us_per_step(makers: dict, n: int, seconds: float, repeats: int) -> dict[str, list[float]]:
-    """us per step of each env, measured in turn within each repeat (so a change of load hits all alike)."""
-    envs = {name: make() for name, make in makers.items()}
-    rng = np.random.default_rng(0)
-    actions = [rng.integers(0, 2, n) for _ in range(64)]
-    for env in envs.values():
-        env.reset(seed=0)
-        for k in range(50):
-            env.step(actions[k % 64])
-    samples: dict[str, list[float]] = {name: [] for name in envs}
-    for _ in range(repeats):
-        for name, env in envs.items():
-            steps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                for _ in range(16):
-                    env.step(actions[steps % 64])
-                    steps += 1
-            samples[name].append((time.perf_counter() - start) / steps * 1e6)
-    for env in envs.values():
-        env.close()
-    return samples
 
 
 def main() -> None:
