@@ -15,17 +15,10 @@ import pytest
 
 from packrl import EnvError, UsageError, vector
 from packrl.vector.testing import ScriptedEnv, SeededFailure
+from tests.processes import alive
 
 SHM = Path("/dev/shm")
 
-
-def alive(pid):
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def our_names(venv):

@@ -18,19 +18,12 @@ import pytest
 
 from packrl import EnvError, UsageError, vector
 from packrl.vector.testing import CloseFails, HangingEnv, ScriptedEnv
+from tests.processes import alive
 from tests.ray_start import start_ray
 
 SHM = Path("/dev/shm")
 CONTEXTS = ["spawn", "forkserver"]
 
-
-def alive(pid):
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pids, seconds):

@@ -18,6 +18,7 @@ import ray.cloudpickle
 from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, SeededFailure, StructuredEnv
+from tests.processes import alive
 from tests.ray_start import start_ray
 
 STEPS = 24
@@ -67,14 +68,6 @@ def assert_same_runs(a, b):
                 assert u.tobytes() == v.tobytes(), f"{name} differs at step {step}"
         assert x[6] == y[6], f"infos differ at step {step}"
 
-
-def alive(pid):
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def assert_no_actors(pids, handles):

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from packrl import EnvError, UsageError, vector
 from packrl.cli import main
 from packrl.vector.ray_backend import RESTART_SEED_STRIDE, RayVectorEnv
+from tests.processes import alive
 from tests.ray_start import start_ray
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +50,6 @@ def minigrid_by_plain_id():
     """A creator that names a MiniGrid id without importing minigrid (an actor never imported it either)."""
     return gymnasium.make("MiniGrid-Empty-5x5-v0")
 
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pids):
