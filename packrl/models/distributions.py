@@ -14,7 +14,7 @@ add exactly 0 to the entropy. A branch whose every choice is masked stays unifor
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -300,6 +300,20 @@ class ActionSpec:
         if disc is not None and cont is not None:
             return Hybrid(disc, cont)
         return disc if disc is not None else cont
+
+    def step_sampler(self, rows: int) -> Callable[..., None] | None:
+        """``distribution(logits).sample_into(noise, action, log_prob)`` for logits ``(rows, logits_size)`` of
+        float32, as one function of the same ops (the rollout's form: no distribution object per step). For discrete
+        choices of one width (a Discrete, a MultiDiscrete of equal branches); None otherwise."""
+        if self.kind not in ("discrete", "multidiscrete") or len(set(self.nvec)) != 1:
+            return None
+        shape = (rows, len(self.nvec), self.nvec[0])
+
+        def sample_into(logits: torch.Tensor, noise: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> None:
+            log_probs = torch.log_softmax(logits.reshape(shape), -1)
+            torch.argmax(log_probs + noise, -1, out=action)
+            torch.sum(log_probs.gather(-1, action.unsqueeze(-1)), (-2, -1), out=log_prob)
+        return sample_into
 
     # ------------------------------------------------------------ rollout storage
 

@@ -25,7 +25,7 @@ compile ``uint8.view(torch.bool).float()``, and the raw bytes carry the same val
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -288,14 +288,29 @@ class CellEncoder(nn.Module):
         self.register_buffer("offsets", torch.as_tensor(np.concatenate([[0], np.cumsum(nvec)[:-1]])))
         self.table = nn.Embedding(int(nvec.sum()), dim)
         self.trunk = starter_cnn(dim)
+        self.film: nn.Linear | None = None
         with torch.no_grad():
             self.output_size = self.trunk(torch.zeros(1, dim, h, w)).shape[-1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def condition_on(self, size: int) -> None:
+        """Let ``size`` features of another leaf (a mission's words) steer the grid: FiLM (Perez et al. 2018, as
+        BabyAI's models condition their conv trunk on the instruction) scales and shifts each cell's embedding,
+        ``cell * (1 + gamma) + beta`` with ``(gamma, beta)`` a linear map of the features, before the conv trunk
+        reads it. The trunk's first filters then depend on the mission: "fetch a red ball" can make the red
+        ball's cells, and no others, light up. The map starts at zero, so the encoder starts as the unconditioned
+        one."""
+        self.film = nn.Linear(size, 2 * self.table.embedding_dim)
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+
+    def forward(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         if not self.channels_last:
             x = x.permute(0, 2, 3, 1)
         index = torch.minimum((x.long() - self.low).clamp(min=0), self.last) + self.offsets
         cells = self.table(index).sum(-2)  # (B, H, W, dim)
+        if self.film is not None and condition is not None:
+            gamma, beta = self.film(condition)[:, None, None, :].chunk(2, -1)
+            cells = torch.addcmul(cells + beta, cells, gamma)
         return self.trunk(cells.permute(0, 3, 1, 2))
 
 
@@ -468,7 +483,7 @@ class LayoutEncoder(nn.Module):
     dtype), as emulated envs pass plain Box observations through unpacked."""
 
     def __init__(self, layout: Layout, hidden: int = 128, overrides: dict | None = None, normalize: bool = False,
-                 activation_name: str = "relu"):
+                 activation_name: str = "relu", condition: bool = True):
         super().__init__()
         self.layout, self.hidden = layout, hidden
         self._act, act_module = activation(activation_name)
@@ -503,6 +518,7 @@ class LayoutEncoder(nn.Module):
         if not encoders and not flat_fields:
             raise EmulationError("every leaf was dropped: the encoder has no input")
         self.leaf_encoders = nn.ModuleList(encoders)
+        self._plan_conditioning(condition)
         self._plan_flat(flat_fields)
         self.concat_size = self.flat_size + sum(m.output_size for m in encoders)
         self.project = nn.Sequential(layer_init(nn.Linear(self.concat_size, hidden)), act_module())
@@ -510,6 +526,36 @@ class LayoutEncoder(nn.Module):
         self._passthrough: dict = {}  # (dtype, shape) -> whether such input is the Box itself
         self.passthrough_leaf = layout.box
         self.passthrough_dtype = torch_dtype(layout.box.dtype) if layout.box is not None else None
+
+    def _plan_conditioning(self, condition: bool) -> None:
+        """With ``condition``, the built-in text encoders' features (a mission) steer the encoders that can take them
+        (``condition_on``: the 'cells' grids), so the policy sees the grid as the text asks. ``self.sources``: the
+        indices of the text encoders, ``self.steered``: of the steered ones."""
+        self.sources: tuple[int, ...] = ()
+        self.steered: tuple[int, ...] = ()
+        if not condition:
+            return
+        sources = tuple(i for i, m in enumerate(self.leaf_encoders) if type(m) in (WordEncoder, TextEncoder))
+        steered = tuple(i for i, m in enumerate(self.leaf_encoders) if hasattr(m, "condition_on"))
+        if not sources or not steered:
+            return
+        size = sum(self.leaf_encoders[i].output_size for i in sources)
+        for i in steered:
+            self.leaf_encoders[i].condition_on(size)
+        self.sources, self.steered = sources, steered
+
+    def _leaf_features(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Each sub-encoder's features of rows ``(B, nbytes)``, in order; the steered ones after their sources."""
+        if not self.steered:
+            return [module(_read(rows, plan)) for module, plan in zip(self.leaf_encoders, self.inputs)]
+        out: list = [None] * len(self.leaf_encoders)
+        for i, (module, plan) in enumerate(zip(self.leaf_encoders, self.inputs)):
+            if i not in self.steered:
+                out[i] = module(_read(rows, plan))
+        condition = torch.cat([out[i] for i in self.sources], -1) if len(self.sources) > 1 else out[self.sources[0]]
+        for i in self.steered:
+            out[i] = self.leaf_encoders[i](_read(rows, self.inputs[i]), condition)
+        return out
 
     def _plan_flat(self, fields: list[Leaf]) -> None:
         """Group the flat fields by dtype: per group a byte range of the row and, when other bytes lie between
@@ -563,11 +609,30 @@ class LayoutEncoder(nn.Module):
             batch = tuple(x.shape[:-1])
             rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
             parts = [self._flat(rows)] if self.flat_size else []
-            parts += [module(_read(rows, plan)) for module, plan in zip(self.leaf_encoders, self.inputs)]
+            parts += self._leaf_features(rows)
         features = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
         linear = self._linear[0]
         out = self._act(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
+
+    def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` for a batch shaped and typed as ``x`` (a rollout step's observations), with what depends only
+        on that decided once: for a float32 Box passed through as itself (a flat ``(B, *shape)``), the same ops as
+        ``forward`` (scale, clamp when normalizing, projection) and no branches, attribute lookups or module calls,
+        which at rollout batch sizes cost more than the ops. Any other input gets ``forward`` itself."""
+        box = self.passthrough_leaf
+        if (box is None or not self.flat_size or self.flat_any_symlog or x.dtype != torch.float32
+                or x.ndim != len(box.shape) + 1 or not self._is_passthrough(x)):
+            return self.forward
+        shift, scale, size, act, normalize = self.flat_shift, self.flat_scale, self.flat_size, self._act, self.normalize
+        weight, bias = self._linear[0].weight, self._linear[0].bias
+
+        def encode(x: torch.Tensor) -> torch.Tensor:
+            features = torch.addcmul(shift, x.reshape(-1, size), scale)
+            if normalize:
+                features = features.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP)
+            return act(F.linear(features, weight, bias))
+        return encode
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:
         """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""

@@ -6,7 +6,7 @@ samples from and scores, and ``decoder.to_numpy(action)`` the arrays ``env.step`
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -47,6 +47,13 @@ class ActionHead(nn.Module):
     def logits_size(self) -> int:
         return self.spec.logits_size
 
+    def step_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` without a mask, bound to this head's parameters (the rollout's form: no module lookups)."""
+        if self.spec.num_continuous:
+            return self.forward
+        weight, bias = self.discrete.weight, self.discrete.bias
+        return lambda hidden: F.linear(hidden, weight, bias)
+
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.spec.num_continuous == 0:  # discrete only (the common case): one linear, then the mask
             return apply_mask(F.linear(hidden, self.discrete.weight, self.discrete.bias), mask)
@@ -70,6 +77,11 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.linear.weight, self.linear.bias).squeeze(-1)
+
+    def step_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` bound to this head's parameters (the rollout's form: no module lookups)."""
+        weight, bias = self.linear.weight, self.linear.bias
+        return lambda hidden: F.linear(hidden, weight, bias).squeeze(-1)
 
 
 class Decoder(nn.Module):

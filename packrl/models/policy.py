@@ -16,19 +16,20 @@ are masked (probability 0). ``policy.decoder.distribution(logits)`` gives ``samp
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.layout import Layout
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.encoders import LayoutEncoder
-from packrl.models.heads import Decoder
+from packrl.models.heads import ActionHead, Decoder, ValueHead
 from packrl.models.networks import MLP, State, TwinMLP, make_network
 
 
@@ -168,6 +169,30 @@ class Policy(nn.Module):
         logits, values = self.heads(hidden, context)
         return logits, values, state
 
+    def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """``forward_eval`` of a stateless policy for batches shaped and typed as ``x``, as one function over the
+        modules' own functions and parameters: ``step(x) -> (logits, values)``, the same ops in the same order (so
+        the same bits), without the module calls and per-call checks that at rollout batch sizes cost more than the
+        ops themselves. None where that does not hold: a recurrent network, an action mask, trimmed rows, a
+        component or policy class of the user's own, or a module with hooks (which a bypassed call would skip)."""
+        if (type(self).forward_eval is not Policy.forward_eval or self.action_mask is not None
+                or self.row_bytes is not None or type(self.encoder) is not LayoutEncoder
+                or type(self.network) not in (MLP, TwinMLP) or type(self.decoder) is not Decoder
+                or type(self.decoder.actor) is not ActionHead or type(self.decoder.critic) is not ValueHead
+                or _has_hooks(self)):
+            return None
+        encode, layers = self.encoder.step_function(x), self.network._layers
+        actor, critic = self.decoder.actor.step_function(), self.decoder.critic.step_function()
+        if self.twin:
+            def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                hidden = layers(encode(x))
+                return actor(hidden[0]), critic(hidden[1])
+        else:
+            def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                hidden = layers(encode(x))
+                return actor(hidden), critic(hidden)
+        return step
+
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """Training over time: ``x (B, T, ...)`` -> ``(logits (B, T, L), values (B, T), state)``."""
@@ -202,3 +227,10 @@ class Policy(nn.Module):
     def distribution(self, logits: torch.Tensor) -> Any:
         """Shorthand for ``self.decoder.distribution(logits)``."""
         return self.decoder.distribution(logits)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Whether a forward hook (global or on ``module`` or any submodule) would run on a module call."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

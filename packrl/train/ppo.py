@@ -222,6 +222,7 @@ class PPO:
         # sampled straight into storage (``_policy_step``); a user decoder's actions are allocated on the first step
         spec = getattr(self.policy.decoder, "spec", None)
         self._spec = spec if isinstance(spec, ActionSpec) else None
+        self._sampler: Callable | None = None  # the spec's step_sampler: a discrete draw without a distribution object
         self.actions: Any = None
         self._action_views: list = []
         self._action_host: list = []  # per step: what env.step receives, when it is a view of storage
@@ -240,6 +241,8 @@ class PPO:
                                                    pin_memory=dev.type == "cuda") if staged else None
                 host = self._actions_pinned if staged else self.actions
                 self._action_host = list(host.numpy())  # int64 choices: exactly what to_numpy gives, no copy on CPU
+                self._sampler = self._spec.step_sampler(N)
+        self._step_function: Callable | None = None  # the policy's rollout form (_rollout_step_function), per rollout
         self._graphs: list | None = None  # CUDA graphs of _policy_step, one per step t, captured on first use
         self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
         if not staged:
@@ -301,6 +304,15 @@ class PPO:
         with self._autocast():
             return self.forward_eval(x, state, done)
 
+    def _rollout_step_function(self) -> Callable | None:
+        """The policy's ``step_function`` for this rollout (bound anew each rollout, so it reads the parameters the
+        policy holds now), where it stands for ``_rollout_forward``: an eager forward (no compile, no bf16) of a
+        stateless policy. None otherwise."""
+        if self.forward_eval != self.policy.forward_eval or self.config.bf16 or self.recurrent:
+            return None
+        step_function = getattr(self.policy, "step_function", None)
+        return step_function(self._step_views[0][0]) if step_function is not None else None
+
     def _reset_state(self) -> None:
         """Zero the recurrent state: in place when CUDA graphs read it from fixed addresses, else anew."""
         if self._graphs is not None:
@@ -314,7 +326,11 @@ class PPO:
         and writes only preallocated tensors and never syncs with the host, so it can be captured as a CUDA graph;
         on CPU it is a few dozen ops (tests/test_ops_per_step.py counts them)."""
         obs_t, start_t, logprob_t, value_t = self._step_views[t]
-        logits, value, state = self._rollout_forward(obs_t, self.state, start_t)
+        if self._step_function is not None:
+            logits, value = self._step_function(obs_t)
+            state = self.state
+        else:
+            logits, value, state = self._rollout_forward(obs_t, self.state, start_t)
         if self._graphs is not None:  # a captured graph keeps the state at fixed addresses
             for held, new in zip(self.state, state):
                 held.copy_(new)
@@ -330,7 +346,10 @@ class PPO:
                 action = dist_.sample()
                 logprob = dist_.log_prob(action)
         elif self._action_host:
-            self._spec.distribution(logits).sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
+            if self._sampler is not None:
+                self._sampler(logits, self._noise_views[t], self._choice_views[t], logprob_t)
+            else:
+                self._spec.distribution(logits).sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
             return
         else:
             action, logprob = self._spec.distribution(logits).sample_with_log_prob(self._noise_views[t])
@@ -403,6 +422,7 @@ class PPO:
                 self._numpy[name][0] = self._numpy[name][T]
         self.segment_states = []
         self._truncated = []
+        self._step_function = self._rollout_step_function()
         recurrent = self.recurrent
         with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
             if self._spec is not None:
