@@ -31,7 +31,7 @@ class Run:
     seconds: float
 
 
-def run(env_id: str, seed: int, budget: int, changes: dict) -> Run:
+def run(env_id: str, seed: int, budget: int, changes: dict, log_every: int = 0) -> Run:
     from packrl import config as settings
     from packrl.train.run import build_ppo
 
@@ -50,6 +50,9 @@ def run(env_id: str, seed: int, budget: int, changes: dict) -> Run:
     def callback(stats: dict) -> None:
         recent.append(finished[-1] if finished else [])
         returns = [r for iteration in recent for r in iteration]
+        if log_every and stats["iteration"] % log_every == 0:
+            print(f"      {stats['global_step']:,} frames: {SPAN}-iteration mean "
+                  f"{np.mean(returns) if returns else float('nan'):.3f}, entropy {stats['entropy']:.3f}", flush=True)
         if len(recent) < SPAN or not returns:
             return
         state["mean"] = mean = float(np.mean(returns))
@@ -72,6 +75,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--budget", type=int, default=150_000)
+    parser.add_argument("--log-every", type=int, default=0, help="print the training mean every N iterations")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the preset, e.g. train.anneal_lr=true")
     args = parser.parse_args()
@@ -81,7 +85,7 @@ def main() -> None:
     print(f"{args.env}, packrl defaults{''.join(' ' + s for s in args.set)}, {args.budget:,} frames per seed; "
           f"figure: the mean return of the episodes finished in the last {SPAN} iterations (sampled actions)\n")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    runs = [run(args.env, seed, args.budget, changes) for seed in seeds]
+    runs = [run(args.env, seed, args.budget, changes, args.log_every) for seed in seeds]
     rows = [(str(seed), f"{r.first:,}" if r.first else "not reached",
              f"{r.lowest:.3f} at {r.lowest_at:,}" if r.lowest is not None else "-",
              "yes" if r.first and (r.lowest is None or r.lowest >= FLOOR) else "no", f"{r.final:.3f}", f"{r.seconds:.0f}")

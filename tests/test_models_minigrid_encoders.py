@@ -16,10 +16,12 @@ from packrl.errors import EmulationError
 from packrl.models import Policy
 from packrl.models.encoders import (
     CellEncoder,
+    LayoutEncoder,
     WordEncoder,
     build_leaf_encoder,
     default_choice,
 )
+from packrl.nativize import nativize
 
 WORDS = st.sampled_from(["go", "to", "the", "red", "blue", "door", "key", "ball", "open", "then", "pick", "up"])
 GAPS = st.sampled_from([" ", "  ", ", ", " . ", "\t"])
@@ -110,3 +112,31 @@ def test_minigrid_policy_compiles_and_matches_eager():
     env.close()
     for w, g in zip(want[:2], got[:2]):
         torch.testing.assert_close(w, g, rtol=1e-4, atol=1e-5)
+
+
+def test_the_mission_steers_the_grid_encoder_and_starts_unsteered():
+    """Fetch names its target only in the mission: with conditioning (the default) the 'cells' encoder takes the
+    mission's words (FiLM on the cell embeddings), so two missions over one grid give two grid features once the
+    map has learned anything; the map starts at zero, so at first they are the unconditioned features."""
+    env = gym.make("MiniGrid-Fetch-5x5-N2-v0")
+    obs, _ = env.reset(seed=0)
+    layout = Layout.from_space(env.observation_space)
+    rows = torch.as_tensor(np.stack([layout.pack(obs), layout.pack({**obs, "mission": "fetch a blue key"})]))
+    torch.manual_seed(0)
+    encoder = LayoutEncoder(layout, 64, {"image": "cells"})
+    (source,), (steered,) = encoder.sources, encoder.steered
+    words, cells = encoder.leaf_encoders[source], encoder.leaf_encoders[steered]
+    assert isinstance(words, WordEncoder) and isinstance(cells, CellEncoder) and cells.film is not None
+    native = nativize(rows, layout)
+    with torch.no_grad():
+        mission = words(TextView(native["mission"].chars, native["mission"].length))
+        assert not torch.allclose(mission[0], mission[1])
+        at_start = cells(native["image"], mission)
+        torch.testing.assert_close(at_start[0], at_start[1])
+        torch.testing.assert_close(at_start, cells(native["image"]))
+        torch.nn.init.normal_(cells.film.weight)
+        steered = cells(native["image"], mission)
+        assert not torch.allclose(steered[0], steered[1])
+        torch.testing.assert_close(encoder(rows)[0], encoder(rows[:1])[0])
+    assert LayoutEncoder(layout, 64, {"image": "cells"}, condition=False).steered == ()
+    assert LayoutEncoder(layout, 64, {"image": "cells", "mission": "drop"}).steered == ()

@@ -11,6 +11,9 @@ its kind and concatenates the embeddings into one ``Linear + ReLU`` projection t
 - Discrete and MultiDiscrete: embeddings of ``value - start``;
 - Text and bounded strings: ``"words"``, bags of hashed words and word pairs (``WordEncoder``), or
   ``"embedding"``, character embeddings mean-pooled over the string's length.
+- Text next to a grid of codes (a MiniGrid mission and its ``"cells"`` image): the text's features also steer the
+  grid's encoder (FiLM, ``CellEncoder.condition_on``), so a mission that names its target changes what the grid
+  encoder sees; ``LayoutEncoder(..., condition=False)`` only concatenates them.
 
 ``overrides={path: choice}`` changes one leaf: ``"drop"`` (or None) leaves it out, a name
 (``"flat"``, ``"embedding"``, ``"cnn"``, ``"nature"``, ``"impala"``, ``"cells"``, ``"words"``) picks a built-in encoder, and an
@@ -478,6 +481,10 @@ class LayoutEncoder(nn.Module):
     launch on a GPU). The other sub-encoders get their leaf's typed view ``(B, *shape)`` (2-d ``(B, n)`` for
     embeddings), or for a leaf of several fields its codec's view of them (``(chars, length)`` for strings, a tuple
     by default).
+
+    With ``condition`` (the default), the built-in text encoders' features are also given to the sub-encoders that
+    take a condition (``condition_on``: the 'cells' grid encoder, FiLM on its cell embeddings), after those text
+    encoders have run.
 
     A layout whose root is a single Box also takes that Box's own arrays (``(..., *shape)`` in its
     dtype), as emulated envs pass plain Box observations through unpacked."""
