@@ -31,9 +31,12 @@ def test_step_function_gives_forward_evals_bits(env_id):
                     p.add_(torch.randn_like(p) * 0.1)
             step = policy.step_function(x)
             assert step is not None
-            logits, values, _ = policy.forward_eval(x)
-            fast_logits, fast_values = step(x)
-            assert torch.equal(logits, fast_logits) and torch.equal(values, fast_values)
+            with torch.no_grad():
+                logits, values, _ = policy.forward_eval(x)
+                fast_values = torch.full((len(x), 1), float("nan"))
+                for _ in range(2):  # the second call overwrites the first's buffers with the same values
+                    fast_logits = step(x, fast_values)
+            assert torch.equal(logits, fast_logits) and torch.equal(values, fast_values[:, 0])
     finally:
         env.close()
 
@@ -61,7 +64,7 @@ def test_step_function_refuses_what_it_would_skip():
 def test_step_sampler_draws_what_the_distribution_draws(nvec):
     space = spaces.Discrete(nvec[0]) if len(nvec) == 1 else spaces.MultiDiscrete(nvec)
     spec = ActionSpec(as_action_layout(space))
-    sampler = spec.step_sampler(6)
+    sampler = spec.step_sampler(6, torch.device("cpu"))
     if len(set(nvec)) > 1:
         assert sampler is None
         return

@@ -301,18 +301,21 @@ class ActionSpec:
             return Hybrid(disc, cont)
         return disc if disc is not None else cont
 
-    def step_sampler(self, rows: int) -> Callable[..., None] | None:
-        """``distribution(logits).sample_into(noise, action, log_prob)`` for logits ``(rows, logits_size)`` of
-        float32, as one function of the same ops (the rollout's form: no distribution object per step). For discrete
-        choices of one width (a Discrete, a MultiDiscrete of equal branches); None otherwise."""
+    def step_sampler(self, rows: int, device: torch.device) -> Callable[..., None] | None:
+        """``distribution(logits).sample_into(noise, action, log_prob)`` for float32 logits ``(rows, logits_size)``
+        on ``device``, as one function of the same ops writing into buffers of its own (the rollout's form: no
+        distribution object or allocation per step; run without autograd). For discrete choices of one width (a
+        Discrete, a MultiDiscrete of equal branches); None otherwise."""
         if self.kind not in ("discrete", "multidiscrete") or len(set(self.nvec)) != 1:
             return None
         shape = (rows, len(self.nvec), self.nvec[0])
+        log_probs, scores = torch.empty(shape, device=device), torch.empty(shape, device=device)
+        picked = torch.empty(shape[:2] + (1,), device=device)
 
         def sample_into(logits: torch.Tensor, noise: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> None:
-            log_probs = torch.log_softmax(logits.reshape(shape), -1)
-            torch.argmax(log_probs + noise, -1, out=action)
-            torch.sum(log_probs.gather(-1, action.unsqueeze(-1)), (-2, -1), out=log_prob)
+            torch.log_softmax(logits.reshape(shape), -1, out=log_probs)
+            torch.argmax(torch.add(log_probs, noise, out=scores), -1, out=action)
+            torch.sum(torch.gather(log_probs, -1, action.unsqueeze(-1), out=picked), (-2, -1), out=log_prob)
         return sample_into
 
     # ------------------------------------------------------------ rollout storage

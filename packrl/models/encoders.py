@@ -39,7 +39,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.models.networks import activation
+from packrl.models.networks import IN_PLACE, activation
 from packrl.nativize import TORCH_DTYPES, check_rows, leaf_view, leaf_views, nativize, torch_dtype
 from packrl.running_moments import merge_moments
 
@@ -623,22 +623,26 @@ class LayoutEncoder(nn.Module):
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
 
     def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for a batch shaped and typed as ``x`` (a rollout step's observations), with what depends only
-        on that decided once: for a float32 Box passed through as itself (a flat ``(B, *shape)``), the same ops as
-        ``forward`` (scale, clamp when normalizing, projection) and no branches, attribute lookups or module calls,
-        which at rollout batch sizes cost more than the ops. Any other input gets ``forward`` itself."""
+        """``forward`` for batches shaped and typed as ``x`` (a rollout step's observations), run without autograd.
+        For a float32 Box passed through as itself (a flat ``(B, *shape)``): the same ops as ``forward`` (scale,
+        clamp when normalizing, projection, activation) written into buffers of its own, with none of the branches,
+        lookups and allocations that at rollout batch sizes cost more than the ops; each call overwrites the last
+        call's output. Any other input gets ``forward`` itself."""
         box = self.passthrough_leaf
         if (box is None or not self.flat_size or self.flat_any_symlog or x.dtype != torch.float32
                 or x.ndim != len(box.shape) + 1 or not self._is_passthrough(x)):
             return self.forward
-        shift, scale, size, act, normalize = self.flat_shift, self.flat_scale, self.flat_size, self._act, self.normalize
-        weight, bias = self._linear[0].weight, self._linear[0].bias
+        shift, scale, size, normalize = self.flat_shift, self.flat_scale, self.flat_size, self.normalize
+        act, weight_t, bias = IN_PLACE[self._act], self._linear[0].weight.t(), self._linear[0].bias
+        features, out = weight_t.new_empty((x.shape[0], size)), weight_t.new_empty((x.shape[0], self.hidden))
+
+        flat = x.ndim == 2  # (B, size) already: no reshape to dispatch
 
         def encode(x: torch.Tensor) -> torch.Tensor:
-            features = torch.addcmul(shift, x.reshape(-1, size), scale)
+            torch.addcmul(shift, x if flat else x.reshape(-1, size), scale, out=features)
             if normalize:
-                features = features.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP)
-            return act(F.linear(features, weight, bias))
+                features.clamp_(-NORMALIZED_CLIP, NORMALIZED_CLIP)
+            return act(torch.addmm(bias, features, weight_t, out=out))  # F.linear's op for 2-d input
         return encode
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:

@@ -169,28 +169,33 @@ class Policy(nn.Module):
         logits, values = self.heads(hidden, context)
         return logits, values, state
 
-    def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
         """``forward_eval`` of a stateless policy for batches shaped and typed as ``x``, as one function over the
-        modules' own functions and parameters: ``step(x) -> (logits, values)``, the same ops in the same order (so
-        the same bits), without the module calls and per-call checks that at rollout batch sizes cost more than the
-        ops themselves. None where that does not hold: a recurrent network, an action mask, trimmed rows, a
-        component or policy class of the user's own, or a module with hooks (which a bypassed call would skip)."""
+        modules' own step functions, run without autograd: ``step(x, values) -> logits`` writes the values into
+        ``values`` ``(rows, 1)`` and returns logits in a buffer that the next call overwrites. The same ops in the
+        same order as ``forward_eval`` (so the same bits), without the module calls, checks and allocations that at
+        rollout batch sizes cost more than the ops. None where that does not hold: a recurrent network, an action
+        mask, trimmed rows, a component or policy class of the user's own, or a module with hooks (which a bypassed
+        call would skip)."""
         if (type(self).forward_eval is not Policy.forward_eval or self.action_mask is not None
                 or self.row_bytes is not None or type(self.encoder) is not LayoutEncoder
                 or type(self.network) not in (MLP, TwinMLP) or type(self.decoder) is not Decoder
                 or type(self.decoder.actor) is not ActionHead or type(self.decoder.critic) is not ValueHead
                 or _has_hooks(self)):
             return None
-        encode, layers = self.encoder.step_function(x), self.network._layers
-        actor, critic = self.decoder.actor.step_function(), self.decoder.critic.step_function()
+        rows = x.shape[0]
+        encode, layers = self.encoder.step_function(x), self.network.step_function(rows)
+        actor, critic = self.decoder.actor.step_function(rows), self.decoder.critic.step_function()
         if self.twin:
-            def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
                 hidden = layers(encode(x))
-                return actor(hidden[0]), critic(hidden[1])
+                critic(hidden[1], values)
+                return actor(hidden[0])
         else:
-            def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
                 hidden = layers(encode(x))
-                return actor(hidden), critic(hidden)
+                critic(hidden, values)
+                return actor(hidden)
         return step
 
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None

@@ -218,6 +218,7 @@ class PPO:
         # Per-step views, made once: indexing a tensor costs about as much as the small copies themselves.
         self._step_views = [(self._slots["obs"][t], self._slots["start"][t], self.logprobs[t], self.values[t])
                             for t in range(T)]
+        self._value_columns = [v.unsqueeze(-1) for v in self.values]  # (N, 1) views: where step functions write
         # packrl's decoders: actions and the rollout's random draws preallocated in the spec's form, each step
         # sampled straight into storage (``_policy_step``); a user decoder's actions are allocated on the first step
         spec = getattr(self.policy.decoder, "spec", None)
@@ -241,7 +242,7 @@ class PPO:
                                                    pin_memory=dev.type == "cuda") if staged else None
                 host = self._actions_pinned if staged else self.actions
                 self._action_host = list(host.numpy())  # int64 choices: exactly what to_numpy gives, no copy on CPU
-                self._sampler = self._spec.step_sampler(N)
+                self._sampler = self._spec.step_sampler(N, dev)
         self._step_function: Callable | None = None  # the policy's rollout form (_rollout_step_function), per rollout
         self._graphs: list | None = None  # CUDA graphs of _policy_step, one per step t, captured on first use
         self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
@@ -326,17 +327,16 @@ class PPO:
         and writes only preallocated tensors and never syncs with the host, so it can be captured as a CUDA graph;
         on CPU it is a few dozen ops (tests/test_ops_per_step.py counts them)."""
         obs_t, start_t, logprob_t, value_t = self._step_views[t]
-        if self._step_function is not None:
-            logits, value = self._step_function(obs_t)
-            state = self.state
+        if self._step_function is not None:  # stateless: the values go straight into storage
+            logits = self._step_function(obs_t, self._value_columns[t])
         else:
             logits, value, state = self._rollout_forward(obs_t, self.state, start_t)
-        if self._graphs is not None:  # a captured graph keeps the state at fixed addresses
-            for held, new in zip(self.state, state):
-                held.copy_(new)
-        else:
-            self.state = state
-        value_t.copy_(value if value.ndim == 1 else value.reshape(-1))
+            if self._graphs is not None:  # a captured graph keeps the state at fixed addresses
+                for held, new in zip(self.state, state):
+                    held.copy_(new)
+            else:
+                self.state = state
+            value_t.copy_(value if value.ndim == 1 else value.reshape(-1))
         logits = logits if logits.dtype == torch.float32 else logits.float()
         if self._spec is None:  # a decoder of the user's own: its distribution draws its own samples
             dist_ = self.policy.decoder.distribution(logits)
@@ -422,7 +422,8 @@ class PPO:
                 self._numpy[name][0] = self._numpy[name][T]
         self.segment_states = []
         self._truncated = []
-        self._step_function = self._rollout_step_function()
+        if self._graphs is None:  # captured graphs hold the buffers of the function they were captured with
+            self._step_function = self._rollout_step_function()
         recurrent = self.recurrent
         with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
             if self._spec is not None:
