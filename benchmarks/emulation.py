@@ -2,14 +2,15 @@
 (the older byte-packing libraries' approach), packrl, and np.copyto of the same bytes (the floor).
 Also the emulate wrapper's added cost per env.step (per action kind: Discrete, MultiDiscrete, Box,
 hybrid Dict, a nested Dict/Tuple, and Pendulum-v1), and the bytes torch nativize copies. The packrl rows
-use the compiled pack (what a layout uses once hot); "Python path" is the same API with it turned off.
+use the compiled pack (the C extension); "Python path" is the same API on a layout made with the
+extension hidden: the checked Python path alone, what a build without a C compiler has.
 
     .venv/bin/python benchmarks/emulation.py [--actions]   (--actions: the action-kind table alone)
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import os
 import statistics
 import sys
 import time
@@ -24,7 +25,7 @@ from gymnasium.spaces import utils as gym_utils
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import NETHACK, calls_per_batch, machine_line, per_call_us, print_table
 
-from packrl.emulation import Layout, emulate
+from packrl.emulation import Layout, compiled, emulate
 from packrl.nativize import nativize
 
 MINIGRID = spaces.Dict({
@@ -64,6 +65,16 @@ def structured_read(view: np.ndarray) -> dict:
     return {k: structured_read(view[k]) if view.dtype[k].names else view[k] for k in view.dtype.names}
 
 
+@contextlib.contextmanager
+def without_c_extension():
+    """Layouts made inside pack on the checked Python path alone, as without a C compiler."""
+    saved, compiled._fastpack = compiled._fastpack, None
+    try:
+        yield
+    finally:
+        compiled._fastpack = saved
+
+
 # ---------------------------------------------------------------- cases
 
 def pack_unpack_rows(name: str, space: spaces.Space) -> list:
@@ -92,31 +103,25 @@ def pack_unpack_rows(name: str, space: spaces.Space) -> list:
         bound.pack(sample)
         return bound.tree
 
-    python_layout = Layout.from_space(space)  # a fresh layout, kept on the checked Python path
-    os.environ["PACKRL_PACK_KERNEL"] = "numba"  # a fresh layout whose compiled pack is the Numba kernel
-    numba_layout = Layout.from_space(space)
-    numba_layout.compiled_pack()
-    os.environ["PACKRL_PACK_KERNEL"] = "auto"
-    numba_bound = numba_layout.bind(np.zeros(layout.nbytes, np.uint8))
-
-    def packrl_numba_bound():
-        numba_bound.pack(sample)
-        return numba_bound.tree
+    with without_c_extension():
+        python_layout = Layout.from_space(space)
+    python_bound = python_layout.bind(np.zeros(layout.nbytes, np.uint8))
 
     def packrl_python():
         python_layout.pack(sample, out=row)
         return python_layout.unpack(row)
 
-    os.environ["PACKRL_COMPILE_PACK"] = "never"
-    python_path = per_call_us(packrl_python)
-    os.environ["PACKRL_COMPILE_PACK"] = "always"  # the other packrl rows: the compiled pack from the start
+    def packrl_python_bound():
+        python_bound.pack(sample)
+        return python_bound.tree
+
     results = {
         "gymnasium flatten+unflatten": per_call_us(gym_round),
         "structured-dtype writer": per_call_us(struct_round),
-        "packrl pack+unpack, Python path": python_path,
+        "packrl pack+unpack, Python path": per_call_us(packrl_python),
         "packrl pack+unpack": per_call_us(packrl_round),
         "packrl bound rows (emulate)": per_call_us(packrl_bound),
-        "packrl bound rows, Numba kernel": per_call_us(packrl_numba_bound),
+        "packrl bound rows, Python path": per_call_us(packrl_python_bound),
         "np.copyto floor": per_call_us(lambda: np.copyto(dst, src)),
     }
     gym_t = results["gymnasium flatten+unflatten"][0]
@@ -145,17 +150,15 @@ class NetHackLike(gym.Env):
 
 def wrapper_rows() -> list:
     raw, env = NetHackLike(), emulate(NetHackLike())
-    os.environ["PACKRL_PACK_KERNEL"] = "numba"
-    numba_env = emulate(NetHackLike())
-    numba_env.emulated.observation.compiled_pack()
-    os.environ["PACKRL_PACK_KERNEL"] = "auto"
-    for e in (raw, env, numba_env):
+    with without_c_extension():
+        python_env = emulate(NetHackLike())
+    for e in (raw, env, python_env):
         e.reset()
-    assert not hasattr(env.emulated.observation.compiled_pack().module, "_kernel"), "the C kernel should be in use"
+    assert env.emulated.observation.compiled_pack() is not None, "the C extension should be in use"
     action = np.array([3])
     raw_t = per_call_us(lambda: raw.step(3))
     wrapped_t = per_call_us(lambda: env.step(action))
-    numba_t = per_call_us(lambda: numba_env.step(action))
+    python_t = per_call_us(lambda: python_env.step(action))
     obs = raw.obs
     src = np.zeros(env.emulated.observation.nbytes, np.uint8)
     dst = np.zeros_like(src)
@@ -168,8 +171,8 @@ def wrapper_rows() -> list:
     assert obs is raw.obs
     return [["raw env.step", raw_t[0], raw_t[1], 0.0],
             ["raw step + one np.copyto of the 10,912 bytes", floor_t[0], floor_t[1], floor_t[0] - raw_t[0]],
-            ["emulate(env).step (C kernel, the default)", wrapped_t[0], wrapped_t[1], wrapped_t[0] - raw_t[0]],
-            ["emulate(env).step, Numba kernel", numba_t[0], numba_t[1], numba_t[0] - raw_t[0]]]
+            ["emulate(env).step (compiled pack, the default)", wrapped_t[0], wrapped_t[1], wrapped_t[0] - raw_t[0]],
+            ["emulate(env).step, Python path (no C compiler)", python_t[0], python_t[1], python_t[0] - raw_t[0]]]
 
 
 ACTION_KINDS = {  # the action space of each row, and the policy action the emulated env is stepped with
@@ -210,7 +213,6 @@ def action_kind_rows(rounds: int = 9) -> list:
         raw, env = ActionKind(space), emulate(ActionKind(space))
         raw.reset()
         env.reset()
-        env.emulated.observation.compiled_pack()
         space.seed(0)
         native, action = space.sample(), policy_action(env)
         calls[name] = (functools.partial(raw.step, native), functools.partial(env.step, action))

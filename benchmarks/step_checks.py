@@ -47,7 +47,6 @@ def main() -> None:
     raw, unchecked, checked = NetHackLike(), Unchecked(NetHackLike()), GymnasiumEmulation(NetHackLike())
     for env in (unchecked, checked):
         env.reset()
-        env.emulated.observation.compiled_pack()
     action = np.array([3])
     calls = {"raw env.step": lambda: raw.step(3), "emulate step, unchecked": lambda: unchecked.step(action),
              "emulate step, checked (packrl)": lambda: checked.step(action)}

@@ -1,11 +1,12 @@
 """Bool Box leaves: bounds checked and bytes always 0 or 1, on every pack path (the checked Python
-path, the C kernel, the Numba kernels, strided leaves, pack_batch of a list and of a batched
-structure, bound rows): a bool array holding byte 2 is refused, never stored."""
+path, the compiled pack, strided leaves, pack_batch of a list and of a batched structure, bound
+rows): a bool array holding byte 2 is refused, never stored."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from gymnasium import spaces
+from pack_engines import ENGINES, use_engine
 
 from packrl import EmulationError
 from packrl.emulation import Layout
@@ -42,14 +43,9 @@ BAD = {
     "uint8 array with a 2": {"free": np.array([0, 2, 1], np.uint8)},
 }
 
-PATHS = [("python", "never", "auto"), ("C kernel", "always", "auto"), ("Numba kernel", "always", "numba")]
-
-
-@pytest.fixture(params=PATHS, ids=[p[0] for p in PATHS])
+@pytest.fixture(params=ENGINES)
 def layout(request, monkeypatch):
-    _, compile_mode, kernel = request.param
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", compile_mode)
-    monkeypatch.setenv("PACKRL_PACK_KERNEL", kernel)
+    use_engine(request.param, monkeypatch)
     return Layout.from_space(SPACE)
 
 
@@ -57,7 +53,7 @@ def pack_ways(layout, sample):
     """The row of ``sample`` packed every way there is; each must agree."""
     row = np.full(layout.nbytes, 7, np.uint8)
     bound = layout.bind(np.full(layout.nbytes, 7, np.uint8))
-    for _ in range(2):  # the second call of a bound row goes through its compiled bind
+    for _ in range(2):
         bound.pack(sample)
     return [layout.pack(sample), layout.pack(sample, out=row), bound.rows,
             layout.pack_batch([sample, sample])[1],
@@ -94,15 +90,15 @@ def test_good_bools_pack_alike_on_every_path(layout):
             assert set(np.asarray(unpacked[key]).view(np.uint8).reshape(-1).tolist()) <= {0, 1}
 
 
-def test_the_compiled_pack_takes_good_bools_itself(monkeypatch):
-    """The kernels check bool leaves themselves (not only by falling back): a good sample is taken,
-    a bad one is refused, by the compiled pack alone."""
-    for kernel in ("auto", "numba"):
-        monkeypatch.setenv("PACKRL_PACK_KERNEL", kernel)
-        layout = Layout.from_space(SPACE)
-        compiled = layout.compiled_pack()
-        rows = np.zeros((1, layout.nbytes), np.uint8)
-        assert compiled.pack(good(), rows, 0)
-        assert compiled.pack({**good(), "free": strided([1, 0, 1])}, rows, 0)  # the Numba kernel for any layout
-        for case in ("pinned element 1 False", "byte 2", "byte 2 strided", "0-d byte 3", "pinned strided"):
-            assert not compiled.pack({**good(), **BAD[case]}, rows, 0), case
+def test_the_compiled_pack_takes_good_bools_itself():
+    """The compiled pack checks bool leaves itself (not only by falling back): a good sample is
+    taken, a bad one is refused, by the compiled pack alone."""
+    layout = Layout.from_space(SPACE)
+    compiled = layout.compiled_pack()
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    assert compiled.pack(good(), rows, 0)
+    assert compiled.pack({**good(), "free": strided([1, 0, 1])}, rows, 0)  # strided: gathered
+    assert compiled.pack({**good(), "scalar": np.False_}, rows, 0)  # a NumPy bool scalar
+    for case in ("pinned element 1 False", "byte 2", "byte 2 strided", "0-d byte 3", "pinned strided"):
+        assert not compiled.pack({**good(), **BAD[case]}, rows, 0), case
+    assert layout.unpack(rows[0])["scalar"] == np.False_, "a refused sample writes nothing"

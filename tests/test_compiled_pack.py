@@ -1,6 +1,9 @@
-"""The compiled pack writes exactly the bytes of the checked Python path, accepts nothing the
-Python path would refuse, and writes nothing when it refuses."""
+"""The compiled pack (one C call per sample) writes exactly the bytes of the checked Python path,
+accepts nothing the Python path would refuse, and writes nothing when it refuses."""
 from __future__ import annotations
+
+import collections
+import pickle
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the MiniGrid envs)
@@ -9,24 +12,14 @@ import pytest
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_engines import engine
 from spaces_strategies import extreme, nested_spaces
 from spaces_strategies import sample as draw
 from test_layout_errors import SPACE, good
 
 from packrl import EmulationError
 from packrl.emulation import Layout, emulate
-from packrl.emulation import compiled as compiled_module
-from packrl.emulation import packer as packer_module
-
-
-@pytest.fixture(autouse=True, scope="module", params=["c", "numba"])
-def kernel(request):
-    """Every test here runs with each first kernel: the C extension's and Numba's."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PACKRL_PACK_KERNEL", "auto" if request.param == "c" else "numba")
-    assert compiled_module.fast_kernel_in_use() is (request.param == "c"), "the C extension should be built"
-    yield request.param
-    mp.undo()
+from packrl.emulation.codecs import TextCodec
 
 
 def python_row(layout: Layout, sample) -> np.ndarray:
@@ -50,7 +43,7 @@ def strided_read_only(value):
     return value
 
 
-@settings(max_examples=12)  # each example compiles a kernel (about a second)
+@settings(max_examples=60)
 @given(nested_spaces, st.integers(0, 2**31))
 def test_compiled_rows_equal_python_rows_bit_for_bit(space, seed):
     layout = Layout.from_space(space)
@@ -64,7 +57,7 @@ def test_compiled_rows_equal_python_rows_bit_for_bit(space, seed):
     expected = python_row(layout, sample)
     assert rows[1].tobytes() == expected.tobytes()
     assert not rows[0].any() and not rows[2].any()
-    # strided, read-only leaves take the kernel's second signature, with the same bytes
+    # strided, read-only leaves are gathered, with the same bytes
     assert compiled.pack(strided_read_only(sample), rows, 2) is True
     assert rows[2].tobytes() == expected.tobytes()
     # pack_batch over a list goes through the compiled pack too
@@ -118,13 +111,12 @@ def test_compiled_pack_refuses_what_python_refuses_and_writes_nothing(case):
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_a_hot_bound_row_refuses_like_the_python_path(case, monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+def test_a_bound_row_refuses_like_the_python_path(case):
     layout = Layout.from_space(SPACE)
     row = np.zeros(layout.nbytes, np.uint8)
     bound = layout.bind(row)
     bound.pack(good())
-    assert bound._fast is layout.packer.compiled.pack, "a hot bound row packs through the compiled pack"
+    assert bound.spec is layout.packer.spec is not None, "a bound row packs through the compiled pack"
     before = row.copy()
     sample = good()
     BAD[case](sample)
@@ -151,43 +143,48 @@ def test_exact_conversions_still_pass_through_the_python_path():
     assert layout.pack(sample).tobytes() == python_row(layout, good()).tobytes()
 
 
-def test_a_layout_compiles_its_pack_once_it_is_hot(monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "auto")
+def test_the_first_sample_takes_the_compiled_pack(monkeypatch):
     space = spaces.Dict({"a": spaces.Box(0, 9, (4,), np.int32), "b": spaces.Discrete(3, start=-1)})
     layout = Layout.from_space(space)
     row = np.zeros(layout.nbytes, np.uint8)
     bound = layout.bind(row)
-    for i in range(packer_module.COMPILE_AFTER):
-        assert layout.packer.compiled is None
-        bound.pack({"a": np.full(4, i % 10, np.int32), "b": i % 3 - 1})
+
+    def checked_path(*args):
+        raise AssertionError("the checked Python path should not run for a sample C takes")
+
+    monkeypatch.setattr(layout.packer, "write", checked_path)
     bound.pack({"a": np.full(4, 7, np.int32), "b": 1})
-    assert layout.packer.compiled, "the layout should have compiled its pack"
-    assert bound._fast is layout.packer.compiled.pack
     assert layout.unpack(row)["a"].tolist() == [7] * 4 and layout.unpack(row)["b"] == 1
+    assert layout.unpack(layout.pack({"a": np.full(4, 3, np.int32), "b": -1}))["b"] == -1
+    assert layout.pack_batch([{"a": np.full(4, i, np.int32), "b": 0} for i in range(3)]).shape == (3, layout.nbytes)
 
 
-def test_never_compiles_when_told_not_to(monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "never")
-    layout = Layout.from_space(spaces.Box(0, 3, (2,), np.int8))
-    for _ in range(packer_module.COMPILE_AFTER + 5):
-        layout.pack(np.array([1, 2], np.int8))
-    assert layout.packer.compiled is None
+def test_without_the_c_extension_the_python_path_packs_everything():
+    space = spaces.Dict({"a": spaces.Box(0, 9, (4,), np.int32), "b": spaces.Tuple((spaces.Discrete(3),))})
+    with engine("python"):
+        layout = Layout.from_space(space)
+    assert layout.compiled_pack() is None and layout.packer.spec is None
+    sample = {"a": np.arange(4, dtype=np.int32), "b": (2,)}
+    assert layout.pack(sample).tobytes() == Layout.from_space(space).pack(sample).tobytes()
+    with pytest.raises(EmulationError, match=r"\['b'\]\[0\]"):
+        layout.pack({"a": np.arange(4, dtype=np.int32), "b": (3,)})
 
 
-def test_repeated_dtype_misses_turn_the_compiled_pack_off():
+def test_samples_of_other_dtypes_leave_the_compiled_pack_as_it_was():
     space = spaces.Dict({"x": spaces.Box(-1, 1, (3,), np.float32), "tag": spaces.Box(0, 1, (1,), np.int16)})
     layout = Layout.from_space(space, round_floats=True)
     compiled = layout.compiled_pack()
     row = np.zeros(layout.nbytes, np.uint8)
-    for i in range(compiled_module.MAX_MISSES + 2):
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    for i in range(40):
         value = np.array([0.1, -0.3, i / 100])  # float64, rounded into float32 through the Python path
+        assert compiled.pack({"x": value, "tag": np.array([1], np.int16)}, rows, 0) is False
         layout.pack({"x": value, "tag": np.array([1], np.int16)}, out=row)
         assert layout.unpack(row)["x"].tolist() == value.astype(np.float32).tolist()
-    assert compiled.module._off
+    assert compiled.pack({"x": np.zeros(3, np.float32), "tag": np.array([1], np.int16)}, rows, 0) is True
 
 
-def test_minigrid_through_the_compiled_pack_equals_the_raw_env(monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+def test_minigrid_through_the_compiled_pack_equals_the_raw_env():
     raw, env = gym.make("MiniGrid-DoorKey-5x5-v0"), emulate(gym.make("MiniGrid-DoorKey-5x5-v0"))
     layout = env.emulated.observation
     obs, _ = env.reset(seed=3)
@@ -203,11 +200,10 @@ def test_minigrid_through_the_compiled_pack_equals_the_raw_env(monkeypatch):
         if terminated or truncated:
             obs, _ = env.reset(seed=t)
             raw_obs, _ = raw.reset(seed=t)
-    assert layout.packer.compiled and env._packer._fast is layout.packer.compiled.pack
+    assert env._packer.spec is layout.packer.spec is not None
 
 
-def test_a_float32_signalling_nan_keeps_its_payload_in_a_0d_leaf(monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "always")
+def test_a_float32_signalling_nan_keeps_its_payload_in_a_0d_leaf():
     space = spaces.Dict({"a": spaces.Box(-1, 1, (), np.float32), "b": spaces.Box(-1, 1, (), np.float64)})
     layout = Layout.from_space(space)
     assert layout.compiled_pack()
@@ -237,15 +233,13 @@ def test_a_uint64_discrete_refuses_the_value_below_its_start():
     assert layout.unpack(layout.pack(2**63 + 9)) == 2**63 + 9
 
 
-def test_layouts_whose_generated_text_is_the_same_do_not_share_their_module():
-    # the same Python text (one 0-d leaf, one checked string): other dtypes, other charsets
+def test_layouts_of_the_same_structure_check_their_own_dtypes_and_charsets():
+    # the same tree (one 0-d leaf, one checked string): other dtypes, other charsets, other bounds
     pairs = [(spaces.Box(-1, 1, (), np.float32), spaces.Box(-1, 1, (), np.float64)),
              (spaces.Text(3, charset="abc"), spaces.Text(3, charset="xyz")),
              (spaces.Box(0, 5, (2,), np.uint8), spaces.Box(0, 9, (2,), np.uint8))]
     for first, second in pairs:
         layouts = [Layout.from_space(first), Layout.from_space(second)]
-        modules = [layout.compiled_pack().module for layout in layouts]
-        assert modules[0] is not modules[1], f"{first} and {second} share a generated module"
         for layout, space in zip(layouts, (first, second)):
             space.seed(1)
             for _ in range(5):
@@ -255,3 +249,70 @@ def test_layouts_whose_generated_text_is_the_same_do_not_share_their_module():
                 assert rows[0].tobytes() == python_row(layout, sample).tobytes()
     with pytest.raises(EmulationError):  # 7 is within the first Box's bounds only
         Layout.from_space(pairs[2][0]).pack(np.array([7, 7], np.uint8))
+
+
+NESTED = spaces.Dict({
+    "pair": spaces.Tuple((spaces.Discrete(5), spaces.Dict({"v": spaces.Box(-2, 2, (2, 3), np.int64)}))),
+    "name": spaces.Text(4, charset="abcd"),
+    "half": spaces.Box(-1, 1, (3,), np.float16),
+    "flag": spaces.MultiBinary(2),
+})
+
+
+def nested_sample() -> dict:
+    return {"pair": (4, {"v": np.full((2, 3), -2, np.int64)}), "name": "dab",
+            "half": np.array([0.5, -1, np.nan], np.float16), "flag": np.array([1, 0], np.int8)}
+
+
+@pytest.mark.parametrize("form", ["dict", "OrderedDict", "list for the tuple", "Fortran order", "a view of the row"])
+def test_containers_and_memory_layouts_the_compiled_pack_takes(form):
+    layout = Layout.from_space(NESTED)
+    sample = nested_sample()
+    expected = python_row(layout, sample)
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    if form == "OrderedDict":
+        sample = collections.OrderedDict(sample)
+    elif form == "list for the tuple":
+        sample["pair"] = list(sample["pair"])
+    elif form == "Fortran order":
+        sample["pair"][1]["v"] = np.asfortranarray(sample["pair"][1]["v"])
+    elif form == "a view of the row":
+        rows[0] = expected
+        sample = layout.to_native(layout.unpack(rows[0]))
+        sample["pair"][1]["v"] = layout.unpack(rows[0])["pair"][1]["v"]
+    assert layout.compiled_pack().pack(sample, rows, 0) is True
+    assert rows[0].tobytes() == expected.tobytes()
+
+
+def test_what_the_compiled_pack_leaves_to_the_python_path_packs_the_same():
+    layout = Layout.from_space(NESTED)
+    Pair = collections.namedtuple("Pair", "a b")
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    for change in ({"pair": Pair(4, {"v": np.full((2, 3), -2, np.int64)})},  # a tuple subclass
+                   {"pair": (np.int32(4), {"v": np.full((2, 3), -2, np.int64)})},  # converts exactly
+                   {"half": [0.5, -1.0, 0.25]}):
+        sample = {**nested_sample(), **change}
+        assert layout.compiled_pack().pack(sample, rows, 0) is False and not rows.any()
+        assert layout.pack(sample).tobytes() == python_row(layout, sample).tobytes()
+
+
+def test_many_leaves_and_a_pickled_layout_keep_the_compiled_pack():
+    space = spaces.Dict({f"k{i}": spaces.Box(0, i + 1, (i % 3 + 1,), np.int32) for i in range(150)})
+    layout = pickle.loads(pickle.dumps(Layout.from_space(space)))
+    space.seed(0)
+    sample = space.sample()
+    rows = np.zeros((1, layout.nbytes), np.uint8)
+    assert layout.compiled_pack().pack(sample, rows, 0) is True
+    assert rows[0].tobytes() == python_row(layout, sample).tobytes()
+    sample["k149"] = np.array([151], np.int32)
+    assert layout.compiled_pack().pack(sample, rows, 0) is False
+
+
+def test_an_interrupt_inside_a_codec_check_is_not_swallowed(monkeypatch):
+    def interrupted(self, value, path, batch=()):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TextCodec, "check", interrupted)
+    layout = Layout.from_space(spaces.Dict({"name": spaces.Text(3)}))
+    with pytest.raises(KeyboardInterrupt):
+        layout.compiled_pack().pack({"name": "ab"}, np.zeros((1, layout.nbytes), np.uint8), 0)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from pack_engines import ENGINES, use_engine
 
 from packrl import EmulationError, NativizeError
 from packrl.emulation import BoundedString, Layout, LeafCodec, bounded_string, register_space
@@ -252,9 +253,9 @@ def test_batch_errors_name_the_sample():
         LAYOUT.pack_batch([s1, s2])
 
 
-@pytest.mark.parametrize("mode", ["never", "always"])
-def test_a_refused_batch_leaves_out_unchanged(mode, monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", mode)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_refused_batch_leaves_out_unchanged(engine, monkeypatch):
+    use_engine(engine, monkeypatch)
     layout = Layout.from_space(SPACE)
     out = np.full((3, layout.nbytes), 7, np.uint8)
     bad = good()

@@ -1,9 +1,7 @@
 """pack and pack_batch accept and refuse exactly the same samples (hypothesis, on the Python path
-and the compiled one), and malformed inputs raise packrl's own errors: ragged and object batches,
+alone and with the compiled pack), and malformed inputs raise packrl's own errors: ragged and object batches,
 huge stride-0 arrays, read-only ``out`` buffers, torch rows misaligned by a byte."""
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import torch
 from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
+from pack_engines import ENGINES, engine, use_engine
 
 from packrl import EmulationError, NativizeError
 from packrl.emulation import Layout
@@ -61,24 +60,29 @@ def outcome(fn):
         return "refused"
 
 
-@pytest.mark.parametrize("compile_mode", ["never", "always"])
+@pytest.mark.parametrize("name", ENGINES)
 @given(mutated=st.sets(st.sampled_from(list(SPACE.spaces)), max_size=6), sample=samples)
-def test_pack_and_pack_batch_agree(compile_mode, mutated, sample):
-    """A sample with some leaves replaced by drawn values: refused by both, or the same bytes."""
-    os.environ["PACKRL_COMPILE_PACK"] = compile_mode  # (hypothesis runs many examples per fixture)
-    try:
-        layout = LAYOUTS[compile_mode]
-        sample = {k: (v if k in mutated else GOOD[k]) for k, v in sample.items()}
-        one = outcome(lambda: layout.pack(sample))
-        alone = outcome(lambda: layout.pack_batch([sample]))
-        second = outcome(lambda: layout.pack_batch([GOOD, sample]))
-        assert alone == one
-        assert second == "refused" if one == "refused" else second == layout.pack(GOOD).tobytes() + one
-    finally:
-        os.environ.pop("PACKRL_COMPILE_PACK")
+def test_pack_and_pack_batch_agree(name, mutated, sample):
+    """A sample with some leaves replaced by drawn values: refused by both, or the same bytes; and
+    the same outcome with the compiled pack as on the Python path alone."""
+    layout = LAYOUTS[name]
+    sample = {k: (v if k in mutated else GOOD[k]) for k, v in sample.items()}
+    one = outcome(lambda: layout.pack(sample))
+    alone = outcome(lambda: layout.pack_batch([sample]))
+    second = outcome(lambda: layout.pack_batch([GOOD, sample]))
+    assert alone == one
+    assert second == "refused" if one == "refused" else second == layout.pack(GOOD).tobytes() + one
+    row = np.zeros(layout.nbytes, np.uint8)
+    assert outcome(lambda: layout.bind(row).pack(sample) or row) == one
+    assert outcome(lambda: LAYOUTS["python"].pack(sample)) == one
 
 
-LAYOUTS = {"never": Layout.from_space(SPACE), "always": Layout.from_space(SPACE)}
+def _layout(name: str) -> Layout:
+    with engine(name):
+        return Layout.from_space(SPACE)
+
+
+LAYOUTS = {name: _layout(name) for name in ENGINES}
 
 
 def test_ragged_and_object_batches_name_the_sample_and_leaf():
@@ -103,9 +107,9 @@ def test_huge_stride_0_array_is_refused_without_copying_it():
         layout.pack_batch([{**GOOD, "f": huge}])
 
 
-@pytest.mark.parametrize("compile_mode", ["never", "always"])
-def test_read_only_out_is_refused_naming_it(compile_mode, monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", compile_mode)
+@pytest.mark.parametrize("name", ENGINES)
+def test_read_only_out_is_refused_naming_it(name, monkeypatch):
+    use_engine(name, monkeypatch)
     layout = Layout.from_space(SPACE)
     row = np.zeros(layout.nbytes, np.uint8)
     row.flags.writeable = False

@@ -77,7 +77,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_wheels  # noqa: E402 - the project's own wheel command, scripts/build_wheels.py
 
 # Run inside the fresh venv: packrl must come from the installed wheel, pack and unpack a nested space exactly,
-# step an emulated gymnasium env through the compiled pack and decode its actions, and say which kernels it has.
+# step an emulated gymnasium env through the compiled pack and decode its actions, and say which extensions it has.
 INSIDE = r"""
 import json, sys
 import gymnasium as gym
@@ -106,7 +106,7 @@ env = emulate(gym.make("CartPole-v1"))
 obs, _ = env.reset(seed=0)
 for _ in range(5):
     obs, *_ = env.step(np.array([1]))
-print(json.dumps({"file": packrl.__file__, "version": packrl.__version__, "fast_pack": compiled.fast_kernel_in_use(),
+print(json.dumps({"file": packrl.__file__, "version": packrl.__version__, "fast_pack": compiled._fastpack is not None,
                   "fast_action": actions._fastaction is not None, "obs": obs.tolist()}))
 """
 
@@ -128,7 +128,7 @@ def install_and_run(wheel: Path, folder: Path) -> dict:
     python = fresh_venv(folder)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
                     "--no-cache-dir", "-q", str(wheel)], check=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PACKRL_PACK_KERNEL")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([str(python), "-c", INSIDE], capture_output=True, text=True, timeout=600, cwd=folder, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from multigrid.core.mission import MissionSpace
+from pack_engines import ENGINES, use_engine
 
 from packrl import EmulationError
 from packrl.emulation import Layout, codecs, register_space
@@ -61,9 +62,9 @@ def test_the_refusal_names_the_space_and_the_fix():
     assert "multigrid.core.mission.MissionSpace" in text and "register_space(MissionSpace, builder)" in text
 
 
-@pytest.mark.parametrize("compile_mode", ["never", "always"])
-def test_a_codec_registered_for_the_class_packs_the_real_observations(registered, compile_mode, monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", compile_mode)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_codec_registered_for_the_class_packs_the_real_observations(registered, engine, monkeypatch):
+    use_engine(engine, monkeypatch)
     space, obs = observations()
     layout = Layout.from_space(space)
     rows = np.stack([layout.pack(o) for o in obs])

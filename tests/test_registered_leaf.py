@@ -10,6 +10,7 @@ import pytest
 import torch
 from gymnasium import spaces
 from numba import njit
+from pack_engines import use_engine
 
 from packrl import EmulationError, vector
 from packrl.check import _outside
@@ -83,7 +84,7 @@ def sample(h: int = 12, m: int = 30) -> dict:
 
 
 def test_it_packs_unpacks_and_refuses_by_its_own_check(monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", "never")
+    use_engine("python", monkeypatch)
     layout = Layout.from_space(SPACE)
     leaf = next(leaf for leaf in layout.leaves if leaf.path == ("clock",))
     assert leaf.dtype == np.int16 and leaf.bounds.low[()] == 0 and leaf.bounds.high[()] == 1439

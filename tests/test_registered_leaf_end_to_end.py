@@ -19,6 +19,7 @@ from gymnasium import spaces
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
+from pack_engines import ENGINES, use_engine
 
 from packrl import EmulationError, EnvError, vector
 from packrl.checkpoint import compare_layout, load_checkpoint, save_checkpoint
@@ -213,11 +214,11 @@ def sample_of(t: int, light: float = 0.5) -> dict:
 
 # ---------------------------------------------------------------- pack, pack_batch, unpack
 
-@pytest.mark.parametrize("compile_mode", ["never", "always"])
+@pytest.mark.parametrize("engine", ENGINES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(times=st.lists(st.integers(0, 24 * 60 - 1), max_size=6))
-def test_pack_batch_equals_pack_and_every_field_comes_back(registered, compile_mode, monkeypatch, times):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", compile_mode)
+def test_pack_batch_equals_pack_and_every_field_comes_back(registered, engine, monkeypatch, times):
+    use_engine(engine, monkeypatch)
     layout = Layout.from_space(OBS)
     samples = [sample_of(t) for t in times]
     rows = layout.pack_batch(samples)

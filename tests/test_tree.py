@@ -12,6 +12,7 @@ import pytest
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_engines import ENGINES, use_engine
 from spaces_strategies import INT_DTYPES, discretes, int_boxes, multi_binaries, multi_discretes, nested_spaces
 from spaces_strategies import sample as draw
 
@@ -105,9 +106,9 @@ def test_a_dict_key_that_reads_like_code_stays_on_the_compiled_path(key):
     assert rows[0].tobytes() == layout.pack(sample).tobytes() == rows[1].tobytes()
 
 
-@pytest.mark.parametrize("mode", ["never", "always"])
-def test_a_layout_with_a_bound_buffer_is_freed_without_the_cycle_collector(mode, monkeypatch):
-    monkeypatch.setenv("PACKRL_COMPILE_PACK", mode)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_layout_with_a_bound_buffer_is_freed_without_the_cycle_collector(engine, monkeypatch):
+    use_engine(engine, monkeypatch)
     space = spaces.Dict({"a": spaces.Box(0, 9, (3,), np.int32), "b": spaces.Tuple((spaces.Discrete(3),))})
     sample = {"a": np.array([1, 2, 3], np.int32), "b": (1,)}
     gc.collect()

@@ -3,8 +3,8 @@
 Like a JAX treedef, the Layout is the structure kept apart from the data: an immutable,
 comparable, JSON-serializable value. ``pack`` writes a sample's leaves into a row (checking
 every leaf, casting nothing), ``unpack`` gives the space's own nested structure of zero-copy
-views with each leaf's exact dtype. The structure is a ``packrl.emulation.tree``; packing (and
-when it moves to the compiled pack) is its ``Packer``'s.
+views with each leaf's exact dtype. The structure is a ``packrl.emulation.tree``; packing (the
+compiled pack, and the checked Python path) is its ``Packer``'s.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium import spaces
 
 from packrl.emulation.codecs import Field, LeafCodec, codec_for
-from packrl.emulation.packer import BoundRows, Packer, check_writable
+from packrl.emulation.packer import BoundRows, Packer, _fastpack, check_writable
 from packrl.emulation.tree import DictNode, LeafNode, Node, build, flatten, fold, iter_leaves, unflatten
 from packrl.emulation.values import Bounds, format_path, short
 from packrl.errors import EmulationError
@@ -136,8 +136,8 @@ class Layout:
         Nothing is written when the sample is refused."""
         if out is None:
             out = np.zeros(self.nbytes, dtype=np.uint8)
-            compiled = self.packer.hot(1)
-            if compiled is None or not compiled.pack(sample, out.reshape(1, -1), 0):
+            spec = self.packer.spec
+            if spec is None or _fastpack.pack(spec, sample, out, 0):
                 self.packer.write(sample, self.packer.views(out, ()), ())
             return out
         bound = self._bound_rows(out)
@@ -147,8 +147,9 @@ class Layout:
         return out
 
     def compiled_pack(self) -> Any:
-        """The generated, compiled pack of this layout (``packrl.emulation.compiled``), made now if it
-        is not yet; None where it cannot be made. Packing compiles it by itself (``packer.Packer``)."""
+        """This layout's compiled pack (``packrl.emulation.compiled``: ``pack(sample, rows, r)`` and
+        ``pack_many(samples, rows, first)``, True or a count where written); None without the C
+        extension. ``pack`` and ``pack_batch`` use it by themselves."""
         return self.packer.compiled_pack()
 
     def pack_batch(self, samples: Any, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,32 +1,26 @@
-"""Packer: how a Layout writes samples into rows, and when it moves to the compiled pack.
+"""Packer: how a Layout writes samples into rows.
 
-Every sample is packed on the checked Python path (flatten the tree, each codec checks its leaf,
-then every leaf is written) until the layout has packed ``COMPILE_AFTER`` samples in this
-process; from then on the generated, compiled pack of ``packrl.emulation.compiled`` takes the
-samples it can and hands anything it refuses back to the checked path, which converts what
-converts exactly and names what does not. The Packer holds only the layout's parts (no
-reference back to the Layout), so nothing it caches keeps a cycle alive.
+Every sample goes first to the compiled pack (``packrl.emulation.compiled``: one C call walks the
+sample's tree, checks every leaf and writes the row, or writes nothing); whatever it does not
+take goes to the checked Python path (flatten the tree, each codec checks its leaf, then every
+leaf is written), which converts what converts exactly and names what does not. Without the C
+extension the checked Python path packs everything. The Packer holds only the layout's parts (no
+reference back to the Layout), so nothing it holds keeps a cycle alive.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 import numpy as np
 
+from packrl.emulation import compiled
 from packrl.emulation.codecs import LeafCodec
-from packrl.emulation.compiled import CompiledPack
 from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, flatten, iter_leaves
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 
-COMPILE_AFTER = 256
-"""Samples a layout packs on the Python path before packrl compiles its pack (a few seconds the
-first time on a machine, then loaded from Numba's disk cache)."""
-
-MAX_COMPILED_LEAVES = 128
-"""Layouts with more leaves stay on the Python path: the compile time grows with the leaves."""
+_fastpack = compiled._fastpack
 
 STACK_INTO_ROWS_BYTES = 1024
 """Leaves at least this large are stacked straight into the rows; smaller ones go through one
@@ -37,44 +31,26 @@ WIDER_ROWS_HINT = ("; rows of a multi-agent env whose agents' spaces differ are 
 
 
 class Packer:
-    """The pack side of a layout: buffer checks, the checked Python path, and the tiers (env
-    ``PACKRL_COMPILE_PACK``: ``auto`` compiles after ``COMPILE_AFTER`` samples, ``always``,
-    ``never``). ``compiled``: None until tried, False where it cannot be made, else the CompiledPack."""
+    """The pack side of a layout: buffer checks, the compiled pack's spec (``spec``: None without
+    the C extension) and the checked Python path."""
 
     def __init__(self, root: Node, leaves: tuple, nbytes: int, gaps: tuple, key: str):
         self.root, self.leaves, self.nbytes, self.gaps, self.key = root, leaves, nbytes, gaps, key
         self.leaf_nodes = tuple(iter_leaves(root))
         self.checks = tuple((path, node.codec, node.leaf_ids) for path, node in self.leaf_nodes)
         self.one_field = all(len(ids) == 1 for _, _, ids in self.checks)
-        self.packs = 0
-        self.compiled: Any = None
+        self.spec = _spec_for(self)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "packs": 0, "compiled": None}  # the compiled pack is made again where used
+        return {**self.__dict__, "spec": None}  # a capsule: made again where the packer arrives
 
-    # ------------------------------------------------------------ tiers
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.spec = _spec_for(self)
 
-    def compiled_pack(self) -> Any:
-        """The compiled pack, made now if it is not yet; None where it cannot be made."""
-        if self.compiled is None:
-            self.compiled = False
-            if len(self.leaves) <= MAX_COMPILED_LEAVES:
-                try:
-                    self.compiled = CompiledPack(self)
-                except Exception as err:  # noqa: BLE001 - any failure leaves the checked Python path
-                    warnings.warn(f"packrl: no compiled pack for this layout ({type(err).__name__}: {err}); "
-                                  "packing stays on the checked Python path", RuntimeWarning, stacklevel=3)
-        return self.compiled or None
-
-    def hot(self, count: int) -> Any:
-        """Count ``count`` packed samples; the CompiledPack once the layout is hot, else None."""
-        if self.compiled is not None:
-            return self.compiled or None
-        self.packs += count
-        mode = os.environ.get("PACKRL_COMPILE_PACK", "auto")
-        if mode == "never" or (mode != "always" and self.packs < COMPILE_AFTER):
-            return None
-        return self.compiled_pack()
+    def compiled_pack(self) -> compiled.CompiledPack | None:
+        """The compiled pack, as booleans; None without the C extension."""
+        return None if self.spec is None else compiled.CompiledPack(self.spec)
 
     # ------------------------------------------------------------ buffers
 
@@ -137,8 +113,8 @@ class Packer:
         listed = isinstance(samples, list)
         for start, end in self.gaps:
             rows[:, start:end] = 0
-        if listed and n and self.hot(n) is not None and rows.flags.c_contiguous \
-                and self.compiled.pack_many(samples, rows, 0) == n:
+        if listed and n and self.spec is not None and rows.flags.c_contiguous \
+                and _fastpack.pack_many(self.spec, samples, rows, 0) == n:
             return rows
         views = self.views(rows, (n,))
         if listed:
@@ -183,8 +159,8 @@ class Packer:
 
 class BoundRows:
     """Rows bound to a layout's packer (not to the Layout: no cycle), their leaf views made once.
-    ``pack`` writes one sample (or one batched structure, for a batch of rows) through the compiled
-    pack once the layout is hot, else (and to explain a refusal) through the checked Python path."""
+    ``pack`` writes one sample through the compiled pack, or (for what it does not take, to
+    explain a refusal, and for a batch of rows given one batched structure) the checked Python path."""
 
     def __init__(self, packer: Packer, rows: np.ndarray, unflatten: Any):
         packer.check_buffer(rows, batch_ndim=None)
@@ -198,10 +174,8 @@ class BoundRows:
         plain = type(root) is DictNode and all(type(c) is LeafNode and type(c.codec).view is LeafCodec.view
                                                and len(c.leaf_ids) == 1 for c in root.children)
         self.copy_tree = self.tree.copy if plain else None
-        # one C-contiguous row: what the compiled pack writes into (as row 0 of a (1, nbytes) array)
-        self._rows2d = rows.reshape(1, -1) if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable \
-            else None
-        self._fast: Any = None  # the compiled pack, once the layout is hot
+        # one C-contiguous writable row: what the compiled pack writes into
+        self.spec = packer.spec if rows.ndim == 1 and rows.flags.c_contiguous and rows.flags.writeable else None
 
     def unpack(self) -> Any:
         """The rows' views in the space's structure, as a new structure (``tree`` is made once)."""
@@ -209,22 +183,11 @@ class BoundRows:
 
     def pack(self, sample: Any) -> None:
         """Check and write one sample. Nothing is written when the sample is refused."""
-        fast = self._fast
-        if fast is None or not fast(sample, self._rows2d, 0):
-            self._pack_cold(sample, fast is None)
-
-    def _pack_cold(self, sample: Any, first_try: bool) -> None:
-        """Before the layout is hot (counting the sample), or after the compiled pack refused it."""
-        if first_try and self._rows2d is not None:
-            compiled = self.packer.hot(1)
-            if compiled is not None:
-                self._fast = compiled.pack
-                if compiled.pack(sample, self._rows2d, 0):
-                    return
-        check_writable(self.rows, "pack: out")
-        self.packer.write(sample, self.views, self.batch)
-        for start, end in self.packer.gaps:  # zeroed, as the compiled pack does
-            self.rows[..., start:end] = 0
+        if self.spec is None or _fastpack.pack(self.spec, sample, self.rows, 0):
+            check_writable(self.rows, "pack: out")
+            self.packer.write(sample, self.views, self.batch)
+            for start, end in self.packer.gaps:  # zeroed, as the compiled pack does
+                self.rows[..., start:end] = 0
 
     def pack_checked(self, sample: Any) -> None:
         """The checked Python path alone (padding left as it is)."""
@@ -234,3 +197,13 @@ class BoundRows:
 def check_writable(buf: np.ndarray, what: str) -> None:
     if not buf.flags.writeable:
         raise EmulationError(f"{what} is a read-only array: packing writes into it (pass a writable copy)")
+
+
+def _spec_for(packer: Packer) -> Any:
+    """The compiled pack's spec of a packer; None (with a warning) where it cannot be made."""
+    try:
+        return compiled.spec_for(packer)
+    except Exception as err:  # noqa: BLE001 - any failure leaves the checked Python path
+        warnings.warn(f"packrl: no compiled pack for this layout ({type(err).__name__}: {err}); "
+                      "packing stays on the checked Python path", RuntimeWarning, stacklevel=4)
+        return None
