@@ -29,13 +29,16 @@ def _train(net: nn.Module, optimizer, xs: list[torch.Tensor], zero) -> list[torc
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**16), steps=st.integers(1, 6), lr=st.sampled_from([1e-4, 1e-3, 3e-2]))
-def test_flat_adam_follows_torch_adam_through_backward_and_clipping(seed, steps, lr):
-    """Same weights, same batches: FlatAdam (gradients accumulated by backward into its buffer) and
-    torch.optim.Adam with nn.utils.clip_grad_norm_ give the same norms and the same weights at every step."""
+@given(seed=st.integers(0, 2**16), steps=st.integers(1, 6), lr=st.sampled_from([1e-4, 1e-3, 3e-2]),
+       fused=st.booleans())
+def test_flat_adam_follows_torch_adam_through_backward_and_clipping(seed, steps, lr, fused):
+    """Same weights, same batches: FlatAdam (gradients accumulated by backward into its buffer), with torch's fused
+    kernel or its seven whole-buffer ops, and torch.optim.Adam with nn.utils.clip_grad_norm_ give the same norms
+    and the same weights at every step."""
     ours, ref = _net(seed), _net(seed)
     flat = adam(ours.parameters(), lr)
     assert isinstance(flat, FlatAdam)
+    flat._fused = fused and flat._fused
     torch_adam = torch.optim.Adam(ref.parameters(), lr=lr, eps=1e-5, foreach=False)
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(16, 4, generator=gen) for _ in range(steps)]
@@ -135,3 +138,12 @@ def test_a_frozen_parameter_never_moves():
 def test_mixed_dtypes_fall_back_to_torch_adam():
     params = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, dtype=torch.float64))]
     assert isinstance(adam(params, 1e-3), TorchAdam)
+
+
+
+def test_the_fused_kernel_is_taken_where_torch_has_it_on_cpu():
+    """Recent torch has a CPU fused Adam kernel (what torch.optim.Adam(fused=True) calls): FlatAdam takes it there."""
+    flat = adam(_net(0).parameters(), 1e-3)
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    if (major, minor) >= (2, 5):
+        assert flat._fused

@@ -1,4 +1,4 @@
-"""The optimizer PPO steps, with the gradient zeroing and clipping around each step, on torch's public APIs.
+"""The optimizer PPO steps, with the gradient zeroing and clipping around each step.
 
 ``adam(params, lr)`` returns a ``FlatAdam`` when every parameter shares one device and floating dtype (a
 policy's usual case), else a ``TorchAdam``. Both have ``zero_grad()``, ``clip_grad_norm(max_norm)``,
@@ -28,9 +28,10 @@ def adam(params: Iterable[torch.Tensor], lr: float) -> "FlatAdam | TorchAdam":
 class FlatAdam:
     """torch.optim.Adam's update (no weight decay, no amsgrad) over one buffer that holds every parameter and one
     that holds every gradient. The parameters become views of the first and their ``.grad`` views of the
-    second, which backward accumulates into in place. Zeroing, clipping and the update are then a dozen
+    second, which backward accumulates into in place. Zeroing, clipping and the update are then a few
     whole-buffer operations, where torch.optim.Adam.step's per-parameter bookkeeping costs a small PPO network
-    more than its arithmetic (benchmarks/README.md, issue 21).
+    more than its arithmetic (benchmarks/README.md, issue 21). The update is torch's fused Adam kernel where this
+    torch has one for the buffer's device (``torch._fused_adam_``: one op), else seven whole-buffer ops.
 
     A parameter that gets no gradient in a step keeps a zero gradient, so it moves only by its first moment
     (torch.optim.Adam skips it instead); a frozen parameter never gets one and never moves."""
@@ -57,6 +58,8 @@ class FlatAdam:
         self._pointers = [p.data_ptr() for p in self.params]
         self._attach_grads()
         self.steps = 0
+        self._step_count = torch.zeros((), dtype=torch.float32, device=self.flat.device)
+        self._fused = _fused_adam_runs(self.flat)
         self.param_groups = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "amsgrad": False,
                               "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
                               "fused": None}]
@@ -95,6 +98,12 @@ class FlatAdam:
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
         self.steps += 1
+        if self._fused:  # one kernel for the whole update (torch.optim.Adam(fused=True)'s, without its bookkeeping)
+            self._step_count.fill_(self.steps)
+            torch._fused_adam_([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_count],
+                               lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"],
+                               amsgrad=False, maximize=False)
+            return
         self.exp_avg.lerp_(self.grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
         bias_correction2_sqrt = math.sqrt(1 - beta2 ** self.steps)
@@ -178,3 +187,18 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     for g in grads:
         g.mul_(scale)
     return total
+
+
+def _fused_adam_runs(like: torch.Tensor) -> bool:
+    """Whether torch's fused Adam kernel (``torch._fused_adam_``, what ``torch.optim.Adam(fused=True)`` calls) runs
+    on ``like``'s device and dtype in this torch (CPU from torch 2.4): tried once on a two-element buffer."""
+    if not hasattr(torch, "_fused_adam_"):
+        return False
+    param, grad, exp_avg, exp_avg_sq = (torch.zeros(2, dtype=like.dtype, device=like.device) for _ in range(4))
+    try:
+        torch._fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [],
+                           [torch.ones((), dtype=torch.float32, device=like.device)], lr=1e-3, beta1=0.9, beta2=0.999,
+                           weight_decay=0.0, eps=EPS, amsgrad=False, maximize=False)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
