@@ -1,8 +1,8 @@
 """The compiled extensions: packrl.emulation._fastpack (the pack) and _fastaction (the action
 decode); everything else is in pyproject.toml.
 
-They are optional: without a C compiler packrl installs and packs and decodes through Numba and
-Python instead (tests/test_fastpack.py and test_action_decode.py fail then, so CI notices).
+They are optional: without a C compiler packrl installs and packs and decodes on its checked
+Python paths instead (tests/test_fastpack.py and test_action_decode.py fail then, so CI notices).
 PACKRL_NO_EXT=1 leaves them out on purpose: a pure-Python wheel (py3-none-any) that installs anywhere.
 ``make wheel`` builds both kinds (tests/test_packaging.py installs each into a fresh venv)."""
 import os

@@ -111,7 +111,7 @@ class GymnasiumEmulation(EmulatedRows):
             terminated = checked_flag(terminated, "terminated", self.env, hint=MULTI_AGENT_HINT)
         if truncated is not False and truncated is not True:
             truncated = checked_flag(truncated, "truncated", self.env, hint=MULTI_AGENT_HINT)
-        try:  # the row writer (BoundRows or BoxRow): the compiled pack once the layout is hot
+        try:  # the row writer (BoundRows or BoxRow): the compiled pack, else the checked Python path
             self._packer.pack(obs)
         except EmulationError as err:
             raise ObservationError(str(err)) from err
