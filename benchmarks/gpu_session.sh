@@ -27,6 +27,6 @@ python3 -c "import torch, numba, gymnasium; print('torch', torch.__version__, 'c
 timeout 200 python3 benchmarks/gpu_check.py --train-seconds "${1:-45}" 2>&1 | tee "$OUT/gpu_check.log"
 timeout 180 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 -rs \
     tests/test_cuda_training.py tests/test_advantage.py tests/test_models_policy.py tests/test_nativize.py \
-    tests/test_replay_device.py tests/test_optimizer.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+    tests/test_replay_device.py tests/test_optimizer.py tests/test_rollout_step_function.py 2>&1 | tee "$OUT/pytest.log" | tail -40
 timeout 90 python3 benchmarks/train.py --device cuda --repeats 1 --steps 8192 --large-envs "${2:-512}" 2>&1 \
     | tee "$OUT/train_cuda.log"

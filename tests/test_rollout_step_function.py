@@ -19,13 +19,18 @@ def _policies(env):
     yield Policy.from_env(env, hidden=32, normalize_observations=True, activation="tanh")
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("env_id", ["cartpole", "gridworld"])
-def test_step_function_gives_forward_evals_bits(env_id):
+def test_step_function_gives_forward_evals_bits(env_id, device):
     env = vector.make(env_id, 8, backend="numba", seed=0)
     try:
         obs, _ = env.reset(seed=1)
-        x = torch.as_tensor(obs)
+        x = torch.as_tensor(obs).to(device)
         for policy in _policies(env):
+            policy.to(device)
             with torch.no_grad():
                 for p in policy.parameters():  # not the initial values: every weight matters
                     p.add_(torch.randn_like(p) * 0.1)
@@ -33,7 +38,7 @@ def test_step_function_gives_forward_evals_bits(env_id):
             assert step is not None
             with torch.no_grad():
                 logits, values, _ = policy.forward_eval(x)
-                fast_values = torch.full((len(x), 1), float("nan"))
+                fast_values = torch.full((len(x), 1), float("nan"), device=device)
                 for _ in range(2):  # the second call overwrites the first's buffers with the same values
                     fast_logits = step(x, fast_values)
             assert torch.equal(logits, fast_logits) and torch.equal(values, fast_values[:, 0])
