@@ -10,8 +10,9 @@
 # Stages, most important first, within about 8 minutes (each logs to $OUT as it goes, so a cut run keeps what it did):
 # gpu_check.py (the Triton kernel; the PPO split at 4096/16384/65536 Numba gridworlds and Numba CartPole: env-only
 # steps/s, collect/update ms, end-to-end steps/s, device-busy share and launches per step; a learning run to the
-# gridworld's optimum), the CUDA tests (CUDA-graph rollout against eager, same seed same checkpoint, ...), then
-# benchmarks/train.py --device cuda (CleanRL-style file, SB3 and packrl side by side; needs the SB3 wheel).
+# gridworld's optimum), the CUDA tests (CUDA-graph rollout against eager, same seed same checkpoint, ...), the
+# overlapped rollout against the synchronous one (benchmarks/overlap.py), then benchmarks/train.py --device cuda
+# (CleanRL-style file, SB3 and packrl side by side; needs the SB3 wheel). The timeouts add to 470 s.
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
@@ -25,8 +26,10 @@ python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || echo "C extens
 nvidia-smi -L
 python3 -c "import torch, numba, gymnasium; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__, 'gymnasium', gymnasium.__version__)"
 timeout 200 python3 benchmarks/gpu_check.py --train-seconds "${1:-45}" 2>&1 | tee "$OUT/gpu_check.log"
-timeout 180 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 -rs \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 -rs \
     tests/test_cuda_training.py tests/test_advantage.py tests/test_models_policy.py tests/test_nativize.py \
-    tests/test_replay_device.py tests/test_optimizer.py tests/test_rollout_step_function.py 2>&1 | tee "$OUT/pytest.log" | tail -40
-timeout 90 python3 benchmarks/train.py --device cuda --repeats 1 --steps 8192 --large-envs "${2:-512}" 2>&1 \
+    tests/test_replay_device.py tests/test_optimizer.py tests/test_rollout_step_function.py tests/test_overlap.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+timeout 60 python3 benchmarks/overlap.py --device cuda --bf16 --num-envs 4096,16384 --repeats 2 2>&1 \
+    | tee "$OUT/overlap.log"
+timeout 60 python3 benchmarks/train.py --device cuda --repeats 1 --steps 8192 --large-envs "${2:-512}" 2>&1 \
     | tee "$OUT/train_cuda.log"

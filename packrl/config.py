@@ -192,6 +192,8 @@ TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
     "bptt_horizon": ("recurrent segment length (none: num_steps)", POSITIVE_INT),
     "bf16": ("bfloat16 autocast for the forward passes", None),
     "compile": ("torch.compile the minibatch loss (and, off CPU, the rollout forward)", None),
+    "overlap": ("step one half of the Numba envs while the policy runs for the other (same transitions; pays for "
+                "large env batches, benchmarks/overlap.py)", None),
     "seed": ("seed of torch, the envs and the minibatch order", Range(0, 2**63 - 2**32)),
     "device": ("training device: auto (cuda when present), cpu, cuda, cuda:N, mps", None),
 }

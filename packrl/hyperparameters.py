@@ -39,6 +39,7 @@ class PPOConfig:
     bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
     bf16: bool = False  # bfloat16 autocast for forward passes
     cuda_graphs: bool = True  # on CUDA, each rollout step's forward + sampling replayed as a captured CUDA graph
+    overlap: bool = False  # step one half of the envs while the policy runs for the other (envs made in halves)
     compile: bool = False  # torch.compile the minibatch loss (and the rollout forward off CPU); seconds to compile
     seed: int = 0
     device: str = "auto"  # "auto": cuda when present, else cpu

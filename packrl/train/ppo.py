@@ -42,6 +42,7 @@ from packrl.train.distributed import (
     rank_and_world,
 )
 from packrl.train.optimizer import adam
+from packrl.train.overlap import Overlap
 from packrl.train.reward_scaling import CLIP as REWARD_CLIP
 from packrl.train.reward_scaling import RewardScaler
 from packrl.vector.autoreset import DISABLED, NEXT_STEP, SAME_STEP
@@ -175,6 +176,7 @@ class PPO:
         self.episodes = EpisodeTracker(self.num_rows, row_agents(vecenv))
         self.reward_scaler = RewardScaler(self.num_rows, cfg.gamma) if cfg.normalize_rewards else None
         self._allocate_storage()
+        self._overlap = Overlap(self) if cfg.overlap else None
         self.reset_envs(0)
 
     def reset_envs(self, iteration: int) -> None:
@@ -259,13 +261,20 @@ class PPO:
                             for k, v in self._slots.items()}
             self._numpy = {k: v.numpy() for k, v in self._staged.items()}
 
-    def _put(self, t: int, name: str, array: np.ndarray) -> None:
-        """Write an env array into slot ``t`` of storage ``name``. On CUDA into the pinned host copy; the observation
-        (and a recurrent policy's episode starts) is also copied to the device at once, without blocking: its host
-        slot is rewritten a whole rollout later, long after the step's action copy synchronised the stream."""
-        self._numpy[name][t] = array
+    def _put(self, t: int, name: str, array: np.ndarray, rows: slice | None = None) -> None:
+        """Write an env array into slot ``t`` of storage ``name`` (its ``rows``: all by default). On CUDA into the
+        pinned host copy; the observation (and a recurrent policy's episode starts) is also copied to the device at
+        once, without blocking: its host slot is rewritten a whole rollout later, long after the step's action copy
+        synchronised the stream."""
+        if rows is None:
+            self._numpy[name][t] = array
+        else:
+            self._numpy[name][t][rows] = array
         if self._staged is not None and (name == "obs" or (name == "start" and self.recurrent)):
-            self._slots[name][t].copy_(self._staged[name][t], non_blocking=True)
+            if rows is None:
+                self._slots[name][t].copy_(self._staged[name][t], non_blocking=True)
+            else:
+                self._slots[name][t][rows].copy_(self._staged[name][t][rows], non_blocking=True)
 
     def _send_staged(self) -> None:
         """On CUDA, the env arrays the rollout staged on the host (rewards, ends, masks) to the device, one copy each."""
@@ -305,14 +314,14 @@ class PPO:
         with self._autocast():
             return self.forward_eval(x, state, done)
 
-    def _rollout_step_function(self) -> Callable | None:
-        """The policy's ``step_function`` for this rollout (bound anew each rollout, so it reads the parameters the
-        policy holds now), where it stands for ``_rollout_forward``: an eager forward (no compile, no bf16) of a
+    def _rollout_step_function(self, x: torch.Tensor) -> Callable | None:
+        """The policy's ``step_function`` for batches like ``x``, made anew each rollout (so it reads the parameters
+        the policy holds now), where it stands for ``_rollout_forward``: an eager forward (no compile, no bf16) of a
         stateless policy. None otherwise."""
         if self.forward_eval != self.policy.forward_eval or self.config.bf16 or self.recurrent:
             return None
         step_function = getattr(self.policy, "step_function", None)
-        return step_function(self._step_views[0][0]) if step_function is not None else None
+        return step_function(x) if step_function is not None else None
 
     def _reset_state(self) -> None:
         """Zero the recurrent state: in place when CUDA graphs read it from fixed addresses, else anew."""
@@ -373,7 +382,8 @@ class PPO:
                 and all(getattr(m, "graph_safe", True) for m in self.policy.modules()))
 
     def _capture_graphs(self) -> None:
-        """One CUDA graph per rollout step (step t reads and writes slot t of storage), sharing one memory pool:
+        """One CUDA graph per rollout step (step t reads and writes slot t of storage; with ``overlap``, one per step
+        and half), sharing one memory pool:
         they replay in the order they were captured. The warm-up runs on a side stream, as torch's CUDA-graph
         notes require, and the state it stepped is put back."""
         self._graphs = []  # from here on the state is kept in place (_reset_state, _policy_step)
@@ -382,15 +392,17 @@ class PPO:
         saved = tuple(s.clone() for s in self.state)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
+        steps = self._overlap.graph_steps() if self._overlap is not None else \
+            [lambda t=t: self._policy_step(t) for t in range(self.config.num_steps)]
         with torch.cuda.stream(side):
             for _ in range(3):
-                self._policy_step(0)
+                steps[0]()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graphs, pool = [], None
-        for t in range(self.config.num_steps):
+        for step in steps:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._policy_step(t)
+                step()
             pool = graph.pool() if pool is None else pool
             graphs.append(graph)
         for held, value in zip(self.state, saved):
@@ -422,44 +434,20 @@ class PPO:
                 self._numpy[name][0] = self._numpy[name][T]
         self.segment_states = []
         self._truncated = []
-        if self._graphs is None:  # captured graphs hold the buffers of the function they were captured with
-            self._step_function = self._rollout_step_function()
-        recurrent = self.recurrent
+        if self._graphs is None:  # captured graphs hold the buffers of the step function they were captured with
+            if self._overlap is None:
+                self._step_function = self._rollout_step_function(self._step_views[0][0])
+            else:
+                self._overlap.step_function = self._rollout_step_function(self._overlap.views[0][0][0])
         with torch.inference_mode():  # what it makes stays inside: storage, and the state it carries
             if self._spec is not None:
                 self._spec.fill_noise(self._noise)  # every step's random draws at once
             if self._graphs is None and self._graphs_wanted():
                 self._capture_graphs()
-            for t in range(T):
-                self.rollout_step = t  # where an error that stops the rollout left it (session.error_line)
-                if recurrent and t % self.horizon == 0:
-                    self.segment_states.append(tuple(s.clone() for s in self.state))
-                if self._graphs:
-                    self._graphs[t].replay()
-                else:
-                    self._policy_step(t)
-                if mode == NEXT_STEP:
-                    resetting = self._env_rows(env.ended_envs)  # these envs reset at this step, ignoring the action
-                obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
-                terminals, truncations = np.asarray(terminals), np.asarray(truncations)
-                self._put(t, "reward", rewards)
-                self._put(t, "terminal", terminals)
-                self._put(t, "truncation", truncations)
-                if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
-                    index = torch.from_numpy(truncated).to(self.device) if self.state else None
-                    self._truncated.append((t, truncated, env.final_observations[truncated],
-                                            tuple(s[index] for s in self.state)))
-                if mode == SAME_STEP:
-                    masks, starts = env.masks, np.logical_or(terminals, truncations)
-                elif mode == NEXT_STEP:
-                    # the envs that ended return their final observation: no start, and the next step is a reset
-                    ended = self._env_rows(env.ended_envs)
-                    masks, starts = env.masks & ~ended, (np.logical_or(terminals, truncations) & ~ended) | resetting
-                else:
-                    obs, masks, starts = self._reset_ended(env, obs, terminals, truncations)
-                self._put(t + 1, "obs", obs)
-                self._put(t + 1, "mask", masks)
-                self._put(t + 1, "start", starts)
+            if self._overlap is not None:
+                self._overlap.run()
+            else:
+                self._step_envs(env, mode)
         self.rollout_step = None
         self._send_staged()
         self.next_value = self._bootstrap_values()
@@ -477,6 +465,40 @@ class PPO:
         acted = all_sum(acted, self.device) if self.world > 1 else acted
         self.global_step += acted
         return {"rollout_seconds": time.perf_counter() - start_time, "agent_steps": acted}
+
+    def _step_envs(self, env: Any, mode: Any) -> None:
+        """The synchronous rollout: each step, the policy for every row, then every env."""
+        recurrent = self.recurrent
+        for t in range(self.config.num_steps):
+            self.rollout_step = t  # where an error that stops the rollout left it (session.error_line)
+            if recurrent and t % self.horizon == 0:
+                self.segment_states.append(tuple(s.clone() for s in self.state))
+            if self._graphs:
+                self._graphs[t].replay()
+            else:
+                self._policy_step(t)
+            if mode == NEXT_STEP:
+                resetting = self._env_rows(env.ended_envs)  # these envs reset at this step, ignoring the action
+            obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
+            terminals, truncations = np.asarray(terminals), np.asarray(truncations)
+            self._put(t, "reward", rewards)
+            self._put(t, "terminal", terminals)
+            self._put(t, "truncation", truncations)
+            if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
+                index = torch.from_numpy(truncated).to(self.device) if self.state else None
+                self._truncated.append((t, truncated, env.final_observations[truncated],
+                                        tuple(s[index] for s in self.state)))
+            if mode == SAME_STEP:
+                masks, starts = env.masks, np.logical_or(terminals, truncations)
+            elif mode == NEXT_STEP:
+                # the envs that ended return their final observation: no start, and the next step is a reset
+                ended = self._env_rows(env.ended_envs)
+                masks, starts = env.masks & ~ended, (np.logical_or(terminals, truncations) & ~ended) | resetting
+            else:
+                obs, masks, starts = self._reset_ended(env, obs, terminals, truncations)
+            self._put(t + 1, "obs", obs)
+            self._put(t + 1, "mask", masks)
+            self._put(t + 1, "start", starts)
 
     def _env_rows(self, per_env: np.ndarray) -> np.ndarray:
         """One flag per env as one flag per row (every row of an env shares its env's flag)."""

@@ -98,6 +98,14 @@ def make_vecenv(config: dict, seed: int = 0) -> Any:
         raise ConfigError(f"packrl env {env['id']!r} runs on the numba backend (or numba inside multiprocessing "
                           f"workers), not {how}")
     extra = {"num_workers": num_workers} if num_workers is not None else {}
+    if config.get("train", {}).get("overlap"):
+        if backend != "numba":
+            raise ConfigError(f"train.overlap steps packrl's Numba envs in two halves, not {how}: use a Numba env "
+                              f"({', '.join(_packrl_env_names())}) or leave overlap off")
+        if int(vec["num_envs"]) % 2:
+            raise ConfigError(f"train.overlap splits the envs into two equal halves: vec.num_envs = {vec['num_envs']} "
+                              "must be even")
+        extra["halves"] = True
     if vec.get("address") is not None:
         if backend != "ray":
             raise ConfigError(f"vec.address = {vec['address']!r} is the Ray cluster of the ray backend, not {how}: "

@@ -29,7 +29,8 @@ def make(env_creator: Callable[[], Any], num_envs: int, backend: str = "serial",
     memory; ``context=`` picks spawn, forkserver or fork; ``main_envs=`` how many envs the main
     process steps itself while the workers step theirs, by default an equal share when
     ``batch_size == num_envs``, ``0`` to keep every env out of this process), ``numba`` (``env_creator`` is a
-    Numba batched env, see ``packrl.vector.numba_backend``) or ``ray`` (Ray actors, on one machine or
+    Numba batched env, see ``packrl.vector.numba_backend``; ``halves=True``: as two batched envs of half each, which
+    ``PPOConfig.overlap`` steps in turn, ``packrl.vector.halves``) or ``ray`` (Ray actors, on one machine or
     a cluster; ``actor_options=`` go to every actor, see ``packrl.vector.ray_backend``).
     ``seed``: env i is seeded with ``seed + i`` on the first ``reset``.
     ``infos``: ``"list"`` (one dict per env, the default) or ``"dict"`` (gymnasium's dict of arrays
@@ -84,6 +85,10 @@ def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_worke
             raise UsageError(f"backend 'numba' is not available: {err}") from None
         if num_workers is not None or batch_size is not None:
             raise UsageError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
+        if kwargs.pop("halves", False):
+            from packrl.vector.halves import NumbaHalves
+
+            return NumbaHalves(env_creator, num_envs, seed=seed, **kwargs)
         return make_numba(env_creator, num_envs, seed=seed, **kwargs)
     if backend == "ray":
         try:
