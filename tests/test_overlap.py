@@ -36,18 +36,20 @@ def test_halves_step_as_one_env_of_all_copies(seed, half, steps):
         halves.close()
 
 
-def _run(env_id: str, overlap: bool, num_envs: int, max_episode_steps: int | None, seed: int = 0) -> PPO:
+def _run(env_id: str, overlap: bool, num_envs: int, max_episode_steps: int | None, seed: int = 0,
+         device: str = "cpu") -> PPO:
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     env = vector.make(env_id, num_envs, backend="numba", seed=seed, halves=overlap, **kwargs)
     torch.manual_seed(seed)
     ppo = PPO(env, Policy.from_env(env, hidden=32), PPOConfig(num_steps=24, num_minibatches=2, update_epochs=2,
-                                                              device="cpu", seed=seed, overlap=overlap))
+                                                              device=device, seed=seed, overlap=overlap))
     return ppo
 
 
-def _iterations(env_id: str, overlap: bool, max_episode_steps: int | None, iterations: int = 3) -> tuple:
+def _iterations(env_id: str, overlap: bool, max_episode_steps: int | None, iterations: int = 3,
+                device: str = "cpu") -> tuple:
     """Storage after each of ``iterations`` rollouts (an update after each), the updates' stats and the weights."""
-    ppo = _run(env_id, overlap, 8, max_episode_steps)
+    ppo = _run(env_id, overlap, 8, max_episode_steps, device=device)
     stored, stats = [], []
     try:
         for _ in range(iterations):
@@ -100,3 +102,16 @@ def test_an_env_error_in_the_worker_thread_reaches_the_caller_and_names_the_env(
     finally:
         ppo._overlap.close()
         ppo.env.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("env_id,max_episode_steps", [("cartpole", 15), ("gridworld", None)])
+def test_on_cuda_the_overlapped_graphs_store_what_the_synchronous_graphs_store(env_id, max_episode_steps):
+    """On CUDA each (step, half) is a captured graph and the envs step while the device runs the other half's."""
+    (sync, _, sync_weights), (over, _, over_weights) = (
+        _iterations(env_id, overlap, max_episode_steps, device="cuda") for overlap in (False, True))
+    for a, b in zip(sync, over):
+        for name in STORAGE:
+            torch.testing.assert_close(a[name], b[name], msg=name)
+    for a, b in zip(sync_weights, over_weights):
+        torch.testing.assert_close(a, b)
