@@ -61,8 +61,9 @@ def main() -> None:
         for n in (int(v) for v in args.num_envs.split(",")):
             runs = {overlap: make(env_id, n, overlap, args.device, args.bf16) for overlap in (False, True)}
             times: dict[bool, list[float]] = {False: [], True: []}
-            for ppo in runs.values():
-                ppo.collect()  # warm-up: compilation, allocation, graph capture on CUDA
+            for ppo in runs.values():  # warm-up (compilation, allocation, graph capture on CUDA) from one seed each
+                torch.manual_seed(0)
+                ppo.collect()
             same = torch.equal(runs[False].actions, runs[True].actions)
             for _ in range(args.repeats):
                 for overlap, ppo in runs.items():

@@ -25,8 +25,10 @@ process loads it from disk instead of compiling.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import keyword
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -53,6 +55,21 @@ from packrl.emulation.values import format_path
 from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EmulationError, EnvError, UsageError
+
+
+def _threading_layer_apart_from_torch() -> None:
+    """Keep Numba's parallel kernels off the OpenMP state torch uses, unless the user chose a threading layer
+    (``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER``). Numba's OpenMP layer, its default where TBB
+    is missing, leaves ``omp_get_max_threads()`` at Numba's thread count after a parallel kernel; torch (and MKL
+    under it) read that as their own: ``torch.set_num_threads(1)`` silently became 2, and a small policy's
+    rollout then ran 12x slower (18.8 against 225 ms for 64 steps of 8 gridworlds after a 2048-copy gridworld
+    stepped; benchmarks/README.md, overlap.py). TBB where installed, else Numba's own workqueue, share nothing."""
+    if os.environ.get("NUMBA_THREADING_LAYER") or numba.config.THREADING_LAYER != "default":
+        return
+    numba.config.THREADING_LAYER = "tbb" if importlib.util.find_spec("tbb") is not None else "workqueue"
+
+
+_threading_layer_apart_from_torch()
 
 PARALLEL_MIN_ENVS = 1024
 """Below this many copies ``threads=None`` steps them in one serial loop: the crossover of 2 threads
