@@ -140,3 +140,16 @@ def test_the_mission_steers_the_grid_encoder_and_starts_unsteered():
         torch.testing.assert_close(encoder(rows)[0], encoder(rows[:1])[0])
     assert LayoutEncoder(layout, 64, {"image": "cells"}, condition=False).steered == ()
     assert LayoutEncoder(layout, 64, {"image": "cells", "mission": "drop"}).steered == ()
+
+
+def test_weights_saved_before_the_steering_load_as_the_unsteered_encoder():
+    layout = Layout.from_space(gym.make("MiniGrid-Fetch-5x5-N2-v0").observation_space)
+    torch.manual_seed(0)
+    old = LayoutEncoder(layout, 64, {"image": "cells"}, condition=False)
+    new = LayoutEncoder(layout, 64, {"image": "cells"})
+    torch.nn.init.normal_(new.leaf_encoders[new.steered[0]].film.weight)
+    new.load_state_dict(old.state_dict())
+    env = gym.make("MiniGrid-Fetch-5x5-N2-v0")
+    rows = torch.as_tensor(np.stack([layout.pack(env.reset(seed=s)[0]) for s in range(4)]))
+    with torch.no_grad():
+        torch.testing.assert_close(new(rows), old(rows))

@@ -306,6 +306,14 @@ class CellEncoder(nn.Module):
         nn.init.zeros_(self.film.weight)
         nn.init.zeros_(self.film.bias)
 
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        """Weights saved before the encoder was steered (no ``film`` entries) load as a zero map: exactly the
+        encoder they were trained as."""
+        if self.film is not None and prefix + "table.weight" in state_dict:
+            for name in ("weight", "bias"):
+                state_dict.setdefault(f"{prefix}film.{name}", torch.zeros_like(getattr(self.film, name)))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def forward(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         if not self.channels_last:
             x = x.permute(0, 2, 3, 1)
