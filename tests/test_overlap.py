@@ -47,9 +47,13 @@ def _run(env_id: str, overlap: bool, num_envs: int, max_episode_steps: int | Non
 
 
 def _iterations(env_id: str, overlap: bool, max_episode_steps: int | None, iterations: int = 3,
-                device: str = "cpu") -> tuple:
+                device: str = "cpu", staged: bool | None = None) -> tuple:
     """Storage after each of ``iterations`` rollouts (an update after each), the updates' stats and the weights."""
-    ppo = _run(env_id, overlap, 8, max_episode_steps, device=device)
+    PPO.stage_on_host = staged
+    try:
+        ppo = _run(env_id, overlap, 8, max_episode_steps, device=device)
+    finally:
+        PPO.stage_on_host = None
     stored, stats = [], []
     try:
         for _ in range(iterations):
@@ -63,10 +67,12 @@ def _iterations(env_id: str, overlap: bool, max_episode_steps: int | None, itera
         ppo.env.close()
 
 
+@pytest.mark.parametrize("staged", [None, True])
 @pytest.mark.parametrize("env_id,max_episode_steps", [("cartpole", 15), ("gridworld", None)])
-def test_the_overlapped_rollout_stores_what_the_synchronous_one_stores(env_id, max_episode_steps):
+def test_the_overlapped_rollout_stores_what_the_synchronous_one_stores(env_id, max_episode_steps, staged):
+    """``staged``: the CUDA path's host staging (pinned copies of the env arrays and actions) run on CPU."""
     (sync, sync_stats, sync_weights), (over, over_stats, over_weights) = (
-        _iterations(env_id, overlap, max_episode_steps) for overlap in (False, True))
+        _iterations(env_id, overlap, max_episode_steps, staged=staged) for overlap in (False, True))
     for iteration, (a, b) in enumerate(zip(sync, over)):
         if env_id == "cartpole":  # the 15-step limit truncates inside every rollout
             assert a["truncations"].any() and a["final_values"].any()

@@ -82,10 +82,11 @@ class Overlap:
             ppo._graphs[2 * t + h].replay()
         else:
             self.policy_step(t, h)
-        if self.cuda:
+        if ppo._actions_pinned is not None:  # staged on the host (CUDA; PPO.stage_on_host on CPU)
             rows = self.rows[h]
             ppo._actions_pinned[t][rows].copy_(ppo._action_views[t][rows], non_blocking=True)
-            self.events[h].record()
+            if self.cuda:
+                self.events[h].record()
 
     def policy_step(self, t: int, h: int) -> None:
         """``PPO._policy_step`` for the rows of half ``h``: forward, value into storage, sample into storage."""
