@@ -16,6 +16,7 @@ WITHOUT_EXTENSIONS = os.environ.get("PACKRL_NO_EXT", "") not in ("", "0")
 setup(ext_modules=[] if WITHOUT_EXTENSIONS else [Extension(
     f"packrl.emulation.{name}",
     [f"packrl/emulation/{name}.c"],
+    depends=["packrl/emulation/_tree.h"],
     include_dirs=[numpy.get_include()],
     extra_compile_args=[] if sys.platform == "win32" else ["-O3", "-std=gnu11"],
     optional=True,

@@ -24,6 +24,8 @@ here it is a few hundred nanoseconds, and a batch of rows is one call. */
 #include <stdint.h>
 #include <string.h>
 
+#include "_tree.h"
+
 enum form { DISCRETE = 0, CONTINUOUS = 1, HYBRID = 2 };
 
 typedef struct {
@@ -119,26 +121,11 @@ static int parse_leaf(PyObject *item, ActLeaf *leaf, const ActSpec *spec) {
 }
 
 /* The tree must name only leaves of the spec (checked once, so that building it cannot fail on an index). */
-static int check_tree(PyObject *node, Py_ssize_t nleaves) {
-    if (PyLong_CheckExact(node)) {
-        Py_ssize_t i = PyLong_AsSsize_t(node);
-        if (i < 0 || i >= nleaves) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the tree names a leaf the spec does not have");
-            return -1;
-        }
-        return 0;
-    }
-    if (!PyTuple_CheckExact(node) || PyTuple_GET_SIZE(node) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(node, 1))) {
-        PyErr_SetString(PyExc_ValueError, "a tree node is a leaf index or (keys or None, children)");
+static int leaf_of_spec(Py_ssize_t index, void *nleaves) {
+    if (index < 0 || index >= *(Py_ssize_t *)nleaves) {
+        PyErr_SetString(PyExc_ValueError, "the tree names a leaf the spec does not have");
         return -1;
     }
-    PyObject *keys = PyTuple_GET_ITEM(node, 0), *children = PyTuple_GET_ITEM(node, 1);
-    if (keys != Py_None && (!PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(children))) {
-        PyErr_SetString(PyExc_ValueError, "a Dict node needs one key per child");
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(children); k++)
-        if (check_tree(PyTuple_GET_ITEM(children, k), nleaves) < 0) return -1;
     return 0;
 }
 
@@ -176,7 +163,7 @@ static PyObject *action_spec(PyObject *self, PyObject *args) {
         spec->nleaves = i + 1;  /* spec_free releases what parse_leaf took, even half-parsed */
         if (parse_leaf(PyTuple_GET_ITEM(leaves, i), &spec->leaves[i], spec) < 0) goto fail;
     }
-    if (check_tree(tree, spec->nleaves) < 0) goto fail;
+    if (check_tree(tree, leaf_of_spec, &spec->nleaves) < 0) goto fail;
     Py_INCREF(tree);
     spec->tree = tree;
     return capsule;

@@ -24,6 +24,8 @@ Python ints and int64 scalars. */
 #include <stdint.h>
 #include <string.h>
 
+#include "_tree.h"
+
 #define NOT_TAKEN (-1)
 #define OUTSIDE 1    /* (inside the walk) a Discrete's int out of its bounds */
 #define FAILED (-2)  /* an exception that must reach the caller (KeyboardInterrupt, MemoryError) */
@@ -207,31 +209,14 @@ static int parse_leaf(PyObject *item, Leaf *leaf, Py_ssize_t *next_field, Py_ssi
 }
 
 /* The tree must name every leaf once, in order (so a walk that succeeds has taken every field). */
-static int check_tree(PyObject *node, Py_ssize_t *next_leaf) {
-    if (PyLong_CheckExact(node)) {
-        Py_ssize_t i = PyLong_AsSsize_t(node);
-        if (i != *next_leaf) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the tree must name the leaves once each, in order");
-            return -1;
-        }
-        *next_leaf += 1;
-        return 0;
-    }
-    if (!PyTuple_CheckExact(node) || PyTuple_GET_SIZE(node) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(node, 1))) {
-        PyErr_SetString(PyExc_ValueError, "a tree node is a leaf index or (keys or None, children)");
+static int next_leaf_in_order(Py_ssize_t index, void *next_leaf) {
+    Py_ssize_t *next = (Py_ssize_t *)next_leaf;
+    if (index != *next) {
+        PyErr_SetString(PyExc_ValueError, "the tree must name the leaves once each, in order");
         return -1;
     }
-    PyObject *keys = PyTuple_GET_ITEM(node, 0), *children = PyTuple_GET_ITEM(node, 1);
-    if (keys != Py_None && (!PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(children))) {
-        PyErr_SetString(PyExc_ValueError, "a Dict node needs one key per child");
-        return -1;
-    }
-    if (Py_EnterRecursiveCall(" in a packrl layout tree")) return -1;
-    int status = 0;
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(children) && status == 0; k++)
-        status = check_tree(PyTuple_GET_ITEM(children, k), next_leaf);
-    Py_LeaveRecursiveCall();
-    return status;
+    *next += 1;
+    return 0;
 }
 
 static PyObject *make_spec(PyObject *self, PyObject *args) {
@@ -279,7 +264,7 @@ static PyObject *make_spec(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the leaves must take every field");
         goto fail;
     }
-    if (check_tree(tree, &next_leaf) < 0) goto fail;
+    if (check_tree(tree, next_leaf_in_order, &next_leaf) < 0) goto fail;
     if (next_leaf != spec->nleaves) {
         PyErr_SetString(PyExc_ValueError, "the tree must name the leaves once each, in order");
         goto fail;
