@@ -578,17 +578,25 @@ static Spec *spec_of(PyObject *capsule) {
     return (Spec *)PyCapsule_GetPointer(capsule, CAPSULE);
 }
 
+/* The spec, the rows (their count) and the row index of pack's and pack_many's arguments (spec, sample(s), rows,
+   index); NULL with the error set when one is not what it must be. */
+static char *target_rows(PyObject *const *args, Spec **spec, Py_ssize_t *count, Py_ssize_t *index) {
+    *spec = spec_of(args[0]);
+    char *rows = *spec == NULL ? NULL : rows_of(*spec, args[2], count);
+    if (rows == NULL) return NULL;
+    *index = PyNumber_AsSsize_t(args[3], PyExc_IndexError);
+    return *index == -1 && PyErr_Occurred() ? NULL : rows;
+}
+
 static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "pack(spec, sample, rows, r)");
         return NULL;
     }
-    Spec *spec = spec_of(args[0]);
-    Py_ssize_t count;
-    char *rows = spec == NULL ? NULL : rows_of(spec, args[2], &count);
+    Spec *spec;
+    Py_ssize_t count, r;
+    char *rows = target_rows(args, &spec, &count, &r);
     if (rows == NULL) return NULL;
-    Py_ssize_t r = PyNumber_AsSsize_t(args[3], PyExc_IndexError);
-    if (r == -1 && PyErr_Occurred()) return NULL;
     if (r < 0 || r >= count) {
         PyErr_Format(PyExc_IndexError, "row %zd of %zd", r, count);
         return NULL;
@@ -602,12 +610,10 @@ static PyObject *pack_many(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "pack_many(spec, samples: list, rows, first)");
         return NULL;
     }
-    Spec *spec = spec_of(args[0]);
-    Py_ssize_t count;
-    char *rows = spec == NULL ? NULL : rows_of(spec, args[2], &count);
+    Spec *spec;
+    Py_ssize_t count, first;
+    char *rows = target_rows(args, &spec, &count, &first);
     if (rows == NULL) return NULL;
-    Py_ssize_t first = PyNumber_AsSsize_t(args[3], PyExc_IndexError);
-    if (first == -1 && PyErr_Occurred()) return NULL;
     PyObject *samples = args[1];
     if (first < 0 || first + PyList_GET_SIZE(samples) > count) {
         PyErr_Format(PyExc_IndexError, "rows %zd to %zd of %zd", first, first + PyList_GET_SIZE(samples), count);
