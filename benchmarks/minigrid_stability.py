@@ -6,7 +6,7 @@ budget. The figure is the 5-iteration training mean: the mean return of the epis
 and its lowest value after that (the target: never below 0.5), with the frames where the lowest value fell.
 
     .venv/bin/python benchmarks/minigrid_stability.py [--env MiniGrid-DoorKey-6x6-v0] [--seeds 3]
-        [--budget 150000] [--set train.anneal_lr=true]
+        [--budget 150000] [--within 100000] [--log-every 5] [--set train.anneal_lr=true]
 """
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--budget", type=int, default=150_000)
+    parser.add_argument("--within", type=int, default=100_000,
+                        help="frames within which 0.9 must be reached (issue 30: DoorKey-6x6 100k, Fetch-5x5-N2 300k)")
     parser.add_argument("--log-every", type=int, default=0, help="print the training mean every N iterations")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a setting on top of the preset, e.g. train.anneal_lr=true")
@@ -91,8 +93,8 @@ def main() -> None:
              "yes" if r.first and (r.lowest is None or r.lowest >= FLOOR) else "no", f"{r.final:.3f}", f"{r.seconds:.0f}")
             for seed, r in zip(seeds, runs)]
     print_table(f"{args.env} stability", ["seed", f"frames to {FIRST}", "lowest after", f"never below {FLOOR}", "final", "seconds"], rows)
-    met = sum(r.first is not None and r.first <= 100_000 and (r.lowest is None or r.lowest >= FLOOR) for r in runs)
-    print(f"\ntarget (0.9 within 100,000 frames, then never below {FLOOR}): {met}/{len(runs)} seeds")
+    met = sum(r.first is not None and r.first <= args.within and (r.lowest is None or r.lowest >= FLOOR) for r in runs)
+    print(f"\ntarget ({FIRST} within {args.within:,} frames, then never below {FLOOR}): {met}/{len(runs)} seeds")
 
 
 if __name__ == "__main__":
