@@ -26,7 +26,7 @@ def parsed(argv):
 def test_presets_are_chosen_from_the_env_id():
     expected = {
         "gridworld": "gridworld", "cartpole": "classic-control", "CartPole-v1": "classic-control",
-        "CartPole-v0": "classic-control", "MiniGrid-DoorKey-5x5-v0": "minigrid", "BabyAI-GoToLocal-v0": "minigrid",
+        "CartPole-v0": "classic-control", "MiniGrid-DoorKey-5x5-v0": "minigrid", "BabyAI-GoToLocal-v0": "babyai",
         "minigrid:MiniGrid-Empty-5x5-v0": "minigrid", "pettingzoo.classic.tictactoe_v3": "pettingzoo-classic",
         "pettingzoo.classic.connect_four_v3": "pettingzoo-classic",
         "pettingzoo.butterfly.knights_archers_zombies_v11": "parallel-multiagent",
