@@ -105,8 +105,9 @@ def test_minigrid_and_babyai_start_training(env_id, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     meta = read_metadata(out / "checkpoint")
     assert meta["env_id"] == env_id and meta["global_step"] == 128
-    assert meta["config"]["train"]["learning_rate"] == 1e-3  # the minigrid preset
-    assert "preset: minigrid" in capsys.readouterr().out
+    preset, learning_rate = ("babyai", 1e-3) if env_id.startswith("BabyAI") else ("minigrid", 2e-3)
+    assert meta["config"]["train"]["learning_rate"] == learning_rate  # the env id's preset
+    assert f"preset: {preset}" in capsys.readouterr().out
 
 
 def test_vector_make_says_what_it_takes():
