@@ -1,6 +1,7 @@
-"""The rollout's fast forms (``Policy.step_function``, ``ActionSpec.step_sampler``) are the same ops as
-``forward_eval`` and ``distribution(...).sample_into``: the same bits, and a PPO run that takes them equals one that
-cannot (a forward hook turns them off)."""
+"""The fast forms of the policy (``Policy.step_function`` for the rollout, ``Policy.forward_function`` for training,
+``ActionSpec.step_sampler``) are the same ops as ``forward_eval``, ``forward`` and ``distribution(...).sample_into``:
+the same bits (and gradients), and a PPO run that takes them equals one that cannot (a forward hook turns them
+off)."""
 import numpy as np
 import pytest
 import torch
@@ -46,14 +47,38 @@ def test_step_function_gives_forward_evals_bits(env_id, device):
         env.close()
 
 
+@pytest.mark.parametrize("env_id", ["cartpole", "gridworld"])
+def test_forward_function_gives_forwards_bits_and_gradients(env_id):
+    env = vector.make(env_id, 8, backend="numba", seed=0)
+    try:
+        rows = [torch.as_tensor(env.reset(seed=s)[0]) for s in range(3)]
+        x = torch.stack(rows, 1)  # (B, T, ...): 8 rows over 3 steps
+        for policy in _policies(env):
+            forward = policy.forward_function(x)
+            assert forward is not None
+            def outputs_and_gradients(run):
+                policy.zero_grad()
+                logits, values = run()
+                (logits.square().sum() + values.sum()).backward()
+                return logits.detach(), values.detach(), [p.grad.clone() for p in policy.parameters()]
+
+            a = outputs_and_gradients(lambda: policy.forward(x)[:2])
+            b = outputs_and_gradients(lambda: forward(x))
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            assert all(torch.equal(g, h) for g, h in zip(a[2], b[2]))
+    finally:
+        env.close()
+
+
 def test_step_function_refuses_what_it_would_skip():
     env = vector.make("cartpole", 4, backend="numba", seed=0)
     try:
         x = torch.as_tensor(env.reset(seed=0)[0])
         assert Policy.from_env(env, network="lstm", hidden=16).step_function(x) is None
+        assert Policy.from_env(env, network="lstm", hidden=16).forward_function(x[:, None]) is None
         hooked = Policy.from_env(env, hidden=16)
         hooked.encoder.register_forward_hook(lambda *args: None)
-        assert hooked.step_function(x) is None
+        assert hooked.step_function(x) is None and hooked.forward_function(x[:, None]) is None
 
         class Mine(Policy):
             def forward_eval(self, x, state=(), done=None):
@@ -61,6 +86,7 @@ def test_step_function_refuses_what_it_would_skip():
         mine = Policy.from_env(env, hidden=16)
         mine.__class__ = Mine
         assert mine.step_function(x) is None
+        assert mine.forward_function(x[:, None]) is not None  # forward itself is packrl's
     finally:
         env.close()
 
@@ -97,6 +123,7 @@ def test_a_run_with_the_fast_forms_equals_one_without(env_id):
                 policy.network.register_forward_pre_hook(lambda *args: None)
             ppo = PPO(env, policy, PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2, device="cpu", seed=3))
             assert (ppo._rollout_step_function(ppo._step_views[0][0]) is None) == hook
+            assert (ppo._training_forward_function(ppo.obs) is None) == hook
             for _ in range(2):
                 ppo.collect()
                 ppo.update()

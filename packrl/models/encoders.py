@@ -636,9 +636,7 @@ class LayoutEncoder(nn.Module):
         clamp when normalizing, projection, activation) written into buffers of its own, with none of the branches,
         lookups and allocations that at rollout batch sizes cost more than the ops; each call overwrites the last
         call's output. Any other input gets ``forward`` itself."""
-        box = self.passthrough_leaf
-        if (box is None or not self.flat_size or self.flat_any_symlog or x.dtype != torch.float32
-                or x.ndim != len(box.shape) + 1 or not self._is_passthrough(x)):
+        if not self._flat_box_passes(x):
             return self.forward
         shift, scale, size, normalize = self.flat_shift, self.flat_scale, self.flat_size, self.normalize
         act, weight_t, bias = IN_PLACE[self._act], self._linear[0].weight.t(), self._linear[0].bias
@@ -652,6 +650,30 @@ class LayoutEncoder(nn.Module):
                 features.clamp_(-NORMALIZED_CLIP, NORMALIZED_CLIP)
             return act(torch.addmm(bias, features, weight_t, out=out))  # F.linear's op for 2-d input
         return encode
+
+    def forward_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` for batches shaped and typed as ``x`` (a minibatch's observations, flattened over time), for
+        training: for a float32 Box passed through as itself, the same ops as ``forward`` (autograd records them as
+        usual) without its branches and lookups. Any other input gets ``forward`` itself."""
+        if not self._flat_box_passes(x):
+            return self.forward
+        shift, scale, size, normalize = self.flat_shift, self.flat_scale, self.flat_size, self.normalize
+        act, weight, bias = self._act, self._linear[0].weight, self._linear[0].bias
+        flat = x.ndim == 2
+
+        def encode(x: torch.Tensor) -> torch.Tensor:
+            features = torch.addcmul(shift, x if flat else x.reshape(-1, size), scale)
+            if normalize:
+                features = features.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP)
+            return act(F.linear(features, weight, bias))
+        return encode
+
+    def _flat_box_passes(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is the layout's float32 Box itself, one row per leading index, read by the flat features
+        alone (what the step and forward functions compute without ``forward``)."""
+        box = self.passthrough_leaf
+        return (box is not None and self.flat_size > 0 and not self.flat_any_symlog and x.dtype == torch.float32
+                and x.ndim == len(box.shape) + 1 and self._is_passthrough(x))
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:
         """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""

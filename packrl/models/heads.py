@@ -56,6 +56,13 @@ class ActionHead(nn.Module):
         out = weight_t.new_empty((rows, weight_t.shape[1]))
         return lambda hidden: torch.addmm(bias, hidden, weight_t, out=out)  # F.linear's op for 2-d input
 
+    def forward_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` without a mask, bound to this head's parameters, for training (autograd as usual)."""
+        if self.spec.num_continuous:
+            return self.forward
+        weight, bias = self.discrete.weight, self.discrete.bias
+        return lambda hidden: F.linear(hidden, weight, bias)
+
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.spec.num_continuous == 0:  # discrete only (the common case): one linear, then the mask
             return apply_mask(F.linear(hidden, self.discrete.weight, self.discrete.bias), mask)
@@ -79,6 +86,11 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.linear.weight, self.linear.bias).squeeze(-1)
+
+    def forward_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` bound to this head's parameters, for training (autograd as usual)."""
+        weight, bias = self.linear.weight, self.linear.bias
+        return lambda hidden: F.linear(hidden, weight, bias).squeeze(-1)
 
     def step_function(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``forward`` that writes the values into ``out`` ``(rows, 1)`` (a column of storage), run without

@@ -177,11 +177,7 @@ class Policy(nn.Module):
         rollout batch sizes cost more than the ops. None where that does not hold: a recurrent network, an action
         mask, trimmed rows, a component or policy class of the user's own, or a module with hooks (which a bypassed
         call would skip)."""
-        if (type(self).forward_eval is not Policy.forward_eval or self.action_mask is not None
-                or self.row_bytes is not None or type(self.encoder) is not LayoutEncoder
-                or type(self.network) not in (MLP, TwinMLP) or type(self.decoder) is not Decoder
-                or type(self.decoder.actor) is not ActionHead or type(self.decoder.critic) is not ValueHead
-                or _has_hooks(self)):
+        if not self._own_stateless_parts(Policy.forward_eval):
             return None
         rows = x.shape[0]
         encode, layers = self.encoder.step_function(x), self.network.step_function(rows)
@@ -197,6 +193,33 @@ class Policy(nn.Module):
                 critic(hidden, values)
                 return actor(hidden)
         return step
+
+    def forward_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """``forward`` of a stateless policy for batches shaped and typed as ``x`` ``(B, T, ...)``, for training:
+        ``forward(x) -> (logits (B, T, L), values (B, T))``, the same ops in the same order (so the same bits and the
+        same gradients), without the module calls and per-call checks. None where ``step_function`` is None."""
+        if not self._own_stateless_parts(Policy.forward):
+            return None
+        encode = self.encoder.forward_function(x.reshape((-1,) + tuple(x.shape[2:])))
+        layers, twin = self.network._layers, self.twin
+        actor, critic = self.decoder.actor.forward_function(), self.decoder.critic.forward_function()
+
+        def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            b, t = x.shape[:2]
+            hidden = layers(encode(x.reshape((b * t,) + tuple(x.shape[2:]))))
+            logits, values = (actor(hidden[0]), critic(hidden[1])) if twin else (actor(hidden), critic(hidden))
+            return logits.reshape(b, t, -1), values.reshape(b, t)
+        return forward
+
+    def _own_stateless_parts(self, method: Any) -> bool:
+        """Whether the fast forms may stand for ``method`` (``Policy.forward_eval`` or ``Policy.forward``): packrl's
+        own stateless components, no action mask or trimmed rows, ``method`` not overridden, and no module hooks
+        (which a bypassed module call would skip)."""
+        return (getattr(type(self), method.__name__) is method and self.action_mask is None
+                and self.row_bytes is None and type(self.encoder) is LayoutEncoder
+                and type(self.network) in (MLP, TwinMLP) and type(self.decoder) is Decoder
+                and type(self.decoder.actor) is ActionHead and type(self.decoder.critic) is ValueHead
+                and not _has_hooks(self))
 
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, State]:

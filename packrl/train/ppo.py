@@ -245,6 +245,7 @@ class PPO:
                 host = self._actions_pinned if staged else self.actions
                 self._action_host = list(host.numpy())  # int64 choices: exactly what to_numpy gives, no copy on CPU
                 self._sampler = self._spec.step_sampler(N, dev)
+        self._forward_function: Callable | None = None  # the policy's training form (_training_forward_function)
         self._step_function: Callable | None = None  # the policy's rollout form (_rollout_step_function), per rollout
         self._graphs: list | None = None  # CUDA graphs of _policy_step, one per step t, captured on first use
         self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
@@ -313,6 +314,14 @@ class PPO:
             return self.forward_eval(x, state, done)
         with self._autocast():
             return self.forward_eval(x, state, done)
+
+    def _training_forward_function(self, x: torch.Tensor) -> Callable | None:
+        """The policy's ``forward_function`` for minibatches like ``x``, made anew each update, where it stands for
+        ``policy.forward``: eager (the compiled loss traces the modules themselves) and stateless. None otherwise."""
+        forward_function = getattr(self.policy, "forward_function", None)
+        if self.config.compile or self.recurrent or forward_function is None:
+            return None
+        return forward_function(x)
 
     def _rollout_step_function(self, x: torch.Tensor) -> Callable | None:
         """The policy's ``step_function`` for batches like ``x``, made anew each rollout (so it reads the parameters
@@ -631,6 +640,7 @@ class PPO:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         advantages, returns = self.advantages()
         b = self._batch()
+        self._forward_function = self._training_forward_function(b["obs"])
         num_segments = b["obs"].shape[0]
         minibatch_size = max(num_segments // cfg.num_minibatches, 1)
         # With no row left out (single-agent envs), masked means are plain means: one host sync here
@@ -690,7 +700,10 @@ class PPO:
         # episode starts matter only to recurrent state (the MLP ignores them)
         states, starts = (tuple(s[mb] for s in b["states"]), b["starts"][mb]) if self.recurrent else ((), None)
         with self._autocast():
-            logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts)
+            if self._forward_function is not None:
+                logits, newvalue = self._forward_function(b["obs"][mb])
+            else:
+                logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts)
         dist_ = self.policy.decoder.distribution(logits.float())
         logratio = dist_.log_prob(_index(b["actions"], mb)) - b["logprobs"][mb]
         if mask is not None:
