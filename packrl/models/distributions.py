@@ -316,7 +316,13 @@ class ActionSpec:
             torch.log_softmax(logits.reshape(shape), -1, out=log_probs)
             torch.argmax(torch.add(log_probs, noise, out=scores), -1, out=action)
             torch.sum(torch.gather(log_probs, -1, action.unsqueeze(-1), out=picked), (-2, -1), out=log_prob)
-        return sample_into
+
+        def sample_one_branch_into(logits: torch.Tensor, noise: torch.Tensor, action: torch.Tensor,
+                                   log_prob: torch.Tensor) -> None:  # the sum over one branch is its one term
+            torch.log_softmax(logits.reshape(shape), -1, out=log_probs)
+            torch.argmax(torch.add(log_probs, noise, out=scores), -1, out=action)
+            torch.gather(log_probs, -1, action.unsqueeze(-1), out=log_prob.view(shape[:2] + (1,)))
+        return sample_one_branch_into if len(self.nvec) == 1 else sample_into
 
     # ------------------------------------------------------------ rollout storage
 
