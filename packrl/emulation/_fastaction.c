@@ -98,20 +98,11 @@ static int parse_leaf(PyObject *item, ActLeaf *leaf, const ActSpec *spec) {
     Py_INCREF(dtype);
     leaf->descr = descr;
     leaf->itemsize = itemsize;
-    if (PyTuple_GET_SIZE(shape) > NPY_MAXDIMS || (leaf->scalar && PyTuple_GET_SIZE(shape))) {
-        PyErr_SetString(PyExc_ValueError, "a leaf's shape: at most NPY_MAXDIMS dimensions, () for a scalar");
+    if (leaf->scalar && PyTuple_GET_SIZE(shape)) {
+        PyErr_SetString(PyExc_ValueError, "a scalar leaf's shape is ()");
         return -1;
     }
-    leaf->ndim = (int)PyTuple_GET_SIZE(shape);
-    leaf->size = 1;
-    for (int d = 0; d < leaf->ndim; d++) {
-        leaf->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
-        if (leaf->shape[d] < 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "negative dimension");
-            return -1;
-        }
-        leaf->size *= leaf->shape[d];
-    }
+    if (parse_shape(shape, leaf->shape, &leaf->ndim, &leaf->size) < 0) return -1;
     Py_ssize_t part = leaf->choice ? spec->ndisc : spec->ncont;
     if (leaf->first < 0 || leaf->first + leaf->size > part) {
         PyErr_SetString(PyExc_ValueError, "a leaf's elements lie outside its part");

@@ -126,20 +126,7 @@ static int parse_field(PyObject *item, Field *field, Py_ssize_t nbytes) {
     }
     field->kind = kind[0];
     field->is_signed = field->kind == 'i';
-    if (PyTuple_GET_SIZE(shape) > NPY_MAXDIMS) {
-        PyErr_SetString(PyExc_ValueError, "a field's shape has at most NPY_MAXDIMS dimensions");
-        return -1;
-    }
-    field->ndim = (int)PyTuple_GET_SIZE(shape);
-    field->size = 1;
-    for (int d = 0; d < field->ndim; d++) {
-        field->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
-        if (field->shape[d] < 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "negative dimension");
-            return -1;
-        }
-        field->size *= field->shape[d];
-    }
+    if (parse_shape(shape, field->shape, &field->ndim, &field->size) < 0) return -1;
     if (field->offset < 0 || field->offset + field->size * field->itemsize > nbytes) {
         PyErr_SetString(PyExc_ValueError, "a field does not fit in the row");
         return -1;
