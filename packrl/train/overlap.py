@@ -96,11 +96,7 @@ class Overlap:
         else:
             logits, values, _ = self.ppo._rollout_forward(obs, (), None)
             value.copy_(values.reshape(value.shape))
-        logits = logits if logits.dtype == torch.float32 else logits.float()
-        if self.sampler is not None:
-            self.sampler(logits, noise, choice, logprob)
-        else:
-            self.ppo._spec.distribution(logits).sample_into(noise, choice, logprob)
+        self.ppo._sample_choices(logits, self.sampler, noise, choice, logprob)
 
     def env_step(self, t: int, h: int) -> None:
         """Step half ``h``'s envs with their actions of step ``t`` and write what they return into storage."""
@@ -108,15 +104,8 @@ class Overlap:
         if self.cuda:
             self.events[h].synchronize()
         obs, rewards, terminals, truncations, _ = half.step(self.actions_host[t][h])
-        ppo._put(t, "reward", rewards, rows)
-        ppo._put(t, "terminal", terminals, rows)
-        ppo._put(t, "truncation", truncations, rows)
-        truncated = np.flatnonzero(truncations & ~terminals)
-        if truncated.size:
-            ppo._truncated.append((t, truncated + rows.start, half.final_observations[truncated], ()))
-        ppo._put(t + 1, "obs", obs, rows)
-        ppo._put(t + 1, "mask", half.masks, rows)
-        ppo._put(t + 1, "start", np.logical_or(terminals, truncations), rows)
+        ppo._store_outcome(t, rewards, terminals, truncations, half.final_observations, rows)
+        ppo._store_next(t, obs, half.masks, np.logical_or(terminals, truncations), rows)
 
     def close(self) -> None:
         if self.pool is not None:

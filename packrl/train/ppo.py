@@ -355,6 +355,9 @@ class PPO:
             else:
                 self.state = state
             value_t.copy_(value if value.ndim == 1 else value.reshape(-1))
+        if self._action_host:  # packrl's discrete decoder: choices drawn straight into storage
+            self._sample_choices(logits, self._sampler, self._noise_views[t], self._choice_views[t], logprob_t)
+            return
         logits = logits if logits.dtype == torch.float32 else logits.float()
         if self._spec is None:  # a decoder of the user's own: its distribution draws its own samples
             dist_ = self.policy.decoder.distribution(logits)
@@ -363,16 +366,20 @@ class PPO:
             else:
                 action = dist_.sample()
                 logprob = dist_.log_prob(action)
-        elif self._action_host:
-            if self._sampler is not None:
-                self._sampler(logits, self._noise_views[t], self._choice_views[t], logprob_t)
-            else:
-                self._spec.distribution(logits).sample_into(self._noise_views[t], self._choice_views[t], logprob_t)
-            return
         else:
             action, logprob = self._spec.distribution(logits).sample_with_log_prob(self._noise_views[t])
         logprob_t.copy_(logprob)
         self._store_actions(t, action)
+
+    def _sample_choices(self, logits: torch.Tensor, sampler: Callable | None, noise: torch.Tensor,
+                        choice: torch.Tensor, logprob: torch.Tensor) -> None:
+        """Discrete choices and their log-probability drawn into storage: ``sampler`` (the spec's ``step_sampler``)
+        where there is one, else the distribution's ``sample_into``."""
+        logits = logits if logits.dtype == torch.float32 else logits.float()
+        if sampler is not None:
+            sampler(logits, noise, choice, logprob)
+        else:
+            self._spec.distribution(logits).sample_into(noise, choice, logprob)
 
     def _env_actions(self, t: int) -> Any:
         """Step ``t``'s actions as ``env.step`` takes them: a view of storage on CPU, one device-to-host copy on CUDA."""
@@ -490,13 +497,7 @@ class PPO:
                 resetting = self._env_rows(env.ended_envs)  # these envs reset at this step, ignoring the action
             obs, rewards, terminals, truncations, _ = env.step(self._env_actions(t))
             terminals, truncations = np.asarray(terminals), np.asarray(truncations)
-            self._put(t, "reward", rewards)
-            self._put(t, "terminal", terminals)
-            self._put(t, "truncation", truncations)
-            if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
-                index = torch.from_numpy(truncated).to(self.device) if self.state else None
-                self._truncated.append((t, truncated, env.final_observations[truncated],
-                                        tuple(s[index] for s in self.state)))
+            self._store_outcome(t, rewards, terminals, truncations, env.final_observations)
             if mode == SAME_STEP:
                 masks, starts = env.masks, np.logical_or(terminals, truncations)
             elif mode == NEXT_STEP:
@@ -505,9 +506,27 @@ class PPO:
                 masks, starts = env.masks & ~ended, (np.logical_or(terminals, truncations) & ~ended) | resetting
             else:
                 obs, masks, starts = self._reset_ended(env, obs, terminals, truncations)
-            self._put(t + 1, "obs", obs)
-            self._put(t + 1, "mask", masks)
-            self._put(t + 1, "start", starts)
+            self._store_next(t, obs, masks, starts)
+
+    def _store_outcome(self, t: int, rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndarray,
+                       final_observations: np.ndarray, rows: slice | None = None) -> None:
+        """Step ``t``'s rewards and ends into storage (its ``rows``: all by default), and each truncation's final
+        observation, with the state that saw its episode, kept for its bootstrap value (``_bootstrap_values``)."""
+        self._put(t, "reward", rewards, rows)
+        self._put(t, "terminal", terminals, rows)
+        self._put(t, "truncation", truncations, rows)
+        if np.count_nonzero(truncations) and (truncated := np.flatnonzero(truncations & ~terminals)).size:
+            index = torch.from_numpy(truncated).to(self.device) if self.state else None
+            first = 0 if rows is None else rows.start
+            self._truncated.append((t, truncated + first, final_observations[truncated],
+                                    tuple(s[index] for s in self.state)))
+
+    def _store_next(self, t: int, obs: np.ndarray, masks: np.ndarray, starts: np.ndarray,
+                    rows: slice | None = None) -> None:
+        """What step ``t + 1`` starts from (observations, masks, episode starts) into storage (its ``rows``)."""
+        self._put(t + 1, "obs", obs, rows)
+        self._put(t + 1, "mask", masks, rows)
+        self._put(t + 1, "start", starts, rows)
 
     def _env_rows(self, per_env: np.ndarray) -> np.ndarray:
         """One flag per env as one flag per row (every row of an env shares its env's flag)."""
