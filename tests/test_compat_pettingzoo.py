@@ -15,6 +15,7 @@ import rware  # noqa: F401 - registers rware-*
 from gymnasium import spaces
 from pettingzoo.test import api_test, parallel_api_test
 from pettingzoo.utils.conversions import turn_based_aec_to_parallel
+from pettingzoo.utils.env import AECEnv
 
 from packrl import UsageError, vector
 from packrl.compat.pettingzoo import PackedParallelEnv, as_pettingzoo
@@ -81,7 +82,10 @@ def test_parallel_form_passes_parallel_api_test(name):
 @pytest.mark.parametrize("name", list(ENVS))
 def test_aec_form_passes_api_test(name):
     make, allowed = ENVS[name]
-    run_checked(api_test, as_pettingzoo(make(), api="aec"), allowed)
+    env = as_pettingzoo(make(), api="aec")
+    assert isinstance(env, AECEnv)
+    assert list(env.possible_agents) == list(as_pettingzoo(make()).possible_agents)  # the Parallel form's agents
+    run_checked(api_test, env, allowed)
 
 
 def test_observations_are_the_packed_rows_of_the_raw_env():
