@@ -68,6 +68,8 @@ class Result:
     eval_mean: float  # 20-episode greedy evaluation at the end of the budget
     total_steps: int
     split: Split | None = None  # where the seconds to threshold went (packrl runs that met it)
+    wall: float | None = None  # seconds for the whole budget (construction + training, no eval)
+    cpu: float | None = None  # this process's CPU seconds for the same span (all threads): robust to pauses
 
 
 def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int, changes: dict,
@@ -86,7 +88,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     for section, values in changes.items():
         flags.setdefault(section, {}).update(values)
     config, _ = settings.resolve(flags=flags)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ppo = build_ppo(config)
     if network == "sb3":
         from train import cleanrl_network_policy
@@ -113,6 +115,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
 
     history = ppo.train(budget, callback)
     vecenv.close()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     rollout, update = (sum(h[k] for h in history) for k in ("rollout_seconds", "update_seconds"))
     print(f"    {env_id} seed {seed}: {len(history)} iterations in {time.perf_counter() - start:.2f} s, rollouts "
           f"{rollout:.2f} s, updates {update:.2f} s ({update / len(history) / cfg.update_epochs / cfg.num_minibatches * 1e3:.2f} "
@@ -123,7 +126,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     eval_env.close()
     steps, seconds, split = hit[0] if hit else (None, None, None)
     return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(np.mean(returns)),
-                  ppo.global_step, split)
+                  ppo.global_step, split, wall, cpu)
 
 
 # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1, as sb3_run and packrl's classic-control preset take them:
@@ -203,7 +206,7 @@ def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> 
     for section, values in (changes or {}).items():
         flags.setdefault(section, {}).update(values)
     config, _ = settings.resolve(flags=flags)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ppo = build_ppo(config)
     vecenv, policy = ppo.env, ppo.policy
     hit: list = []
@@ -299,7 +302,7 @@ def sb3_continuous_run(env_id: str, seed: int, threshold: float, budget: int, wi
     if kwargs.get("policy_kwargs") == "relu256":
         kwargs["policy_kwargs"] = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
                                        net_arch=dict(pi=[256, 256], vf=[256, 256]))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     if normalize:
         env = VecNormalize(env, gamma=kwargs["gamma"])
@@ -317,6 +320,7 @@ def sb3_continuous_run(env_id: str, seed: int, threshold: float, budget: int, wi
                 hit.append((self.num_timesteps, time.perf_counter() - start))
 
     model.learn(budget, callback=Stop())
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     eval_env = make_vec_env(env_id, n_envs=1, seed=10_000)
     if normalize:
         eval_env = VecNormalize(eval_env, gamma=kwargs["gamma"], training=False, norm_reward=False)
@@ -324,14 +328,14 @@ def sb3_continuous_run(env_id: str, seed: int, threshold: float, budget: int, wi
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=True)
     steps, seconds = hit[0] if hit else (None, None)
     return Result(steps, seconds, float(np.mean(window)) if window else float("nan"), float(mean),
-                  int(model.num_timesteps))
+                  int(model.num_timesteps), wall=wall, cpu=cpu)
 
 
 def cleanrl_continuous_run(env_id: str, seed: int, threshold: float, budget: int, window_size: int) -> Result:
     """The CleanRL-style ppo_continuous_action loop with its defaults, the threshold as cleanrl_run's."""
     window: deque = deque(maxlen=window_size)
     hit: list = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     def callback(global_step: int, returns: list[float]) -> None:
         window.extend(returns)
@@ -339,9 +343,11 @@ def cleanrl_continuous_run(env_id: str, seed: int, threshold: float, budget: int
             hit.append((global_step, time.perf_counter() - start))
 
     agent, total_steps, stats = cleanrl_ppo_continuous(env_id, budget, seed, ContinuousArgs(), callback)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     steps, seconds = hit[0] if hit else (None, None)
     return Result(steps, seconds, float(np.mean(window)) if window else float("nan"),
-                  float(np.mean(greedy_returns_continuous(agent, env_id, stats, 20, seed=10_000))), total_steps)
+                  float(np.mean(greedy_returns_continuous(agent, env_id, stats, 20, seed=10_000))), total_steps,
+                  wall=wall, cpu=cpu)
 
 
 def continuous_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
@@ -350,6 +356,11 @@ def continuous_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
     for task, (env_id, threshold, budget, _) in CONTINUOUS.items():
         if task in runs:
             targets.append(seeds_target(f"{env_id}, defaults", threshold, budget, runs[task], eval_too=True))
+        if task in runs and f"cleanrl-{task}" in runs and task in ("halfcheetah", "hopper"):
+            ours, theirs = (statistics.median(r.wall for r in runs[t].values()) for t in (task, f"cleanrl-{task}"))
+            targets.append(Target(f"{env_id}, wall for the budget", "< the CleanRL-style loop's (median, same run)",
+                                  f"{ours:,.0f} s vs {theirs:,.0f} s ({ours / theirs:.2f}x)", ours < theirs,
+                                  () if ours < theirs else (f"packrl {ours:,.0f} s >= CleanRL-style {theirs:,.0f} s",)))
     return targets
 
 
@@ -438,7 +449,7 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
           "20 finished training episodes (gridworld: 200) >= threshold; each run goes on to its budget; final = "
           "the moving mean and a 20-episode greedy eval at the budget\n")
-    rows, medians, runs, continuous_rows = [], {}, {}, []
+    rows, medians, runs, continuous_rows, budget_walls = [], {}, {}, [], {}
     for task in args.tasks.split(","):
         if task in continuous:
             contender, name_of = continuous_contender(task)
@@ -475,21 +486,31 @@ def main() -> None:
         runs[task] = dict(zip(seeds, results))
         for seed, r in zip(seeds, results):
             print(f"  {name} seed {seed}: steps {r.steps}, seconds {r.seconds and round(r.seconds, 2)}, "
-                  f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}", flush=True)
+                  f"final moving mean {r.last_mean:.3f}, final eval {r.eval_mean:.3f}, budget {r.total_steps}"
+                  + (f" in {r.wall:.1f} s wall, {r.cpu:.1f} s CPU" if r.wall is not None else ""), flush=True)
         solved = sum(r.steps is not None for r in results)
         medians[task] = statistics.median([r.seconds for r in results if r.seconds is not None] or [float("nan")])
-        (continuous_rows if task in continuous else rows).append([name, f">= {threshold:g} in {budget:,}", f"{solved}/{len(results)}",
-                     summary([r.steps for r in results]), summary([r.seconds for r in results]),
-                     summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])])
+        row = [name, f">= {threshold:g} in {budget:,}", f"{solved}/{len(results)}",
+               summary([r.steps for r in results]), summary([r.seconds for r in results]),
+               summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])]
+        if task in continuous:
+            budget_walls[task] = statistics.median([r.wall for r in results])
+            continuous_rows.append([*row, summary([r.wall for r in results]), summary([r.cpu for r in results])])
+        else:
+            rows.append(row)
     columns = ["contender", "threshold", "solved", "steps", "seconds", "final moving mean", "final eval"]
     if rows:
         print_table("Steps and seconds to threshold: median [min-max]", columns, rows)
     if continuous_rows:
-        print_table("Continuous control, steps and seconds to threshold: median [min-max]", columns, continuous_rows)
+        print_table("Continuous control, steps and seconds to threshold: median [min-max]",
+                    [*columns, "budget wall s", "budget CPU s"], continuous_rows)
         for task in CONTINUOUS:
             for anchor, label in ((f"sb3-{task}", "SB3 zoo"), (f"cleanrl-{task}", "CleanRL-style")):
                 if np.isfinite(medians.get(task, np.nan)) and np.isfinite(medians.get(anchor, np.nan)):
                     print(f"wall to threshold, {task} / {label}: {medians[task] / medians[anchor]:.2f}x (median / median)")
+                if task in budget_walls and anchor in budget_walls:
+                    print(f"wall for the whole budget, {task} / {label}: "
+                          f"{budget_walls[task] / budget_walls[anchor]:.2f}x (median / median)")
     anchors = {"sb3-cartpole": "SB3 zoo", "cleanrl-zoo": "CleanRL-style file, zoo"}
     pairs = [(task, anchor) for anchor in anchors for task in ("cartpole-gym", "cartpole-numba")]
     for task, anchor in [*pairs, ("cleanrl-zoo", "sb3-cartpole")]:
