@@ -17,9 +17,9 @@ from packrl.errors import EmulationError
 
 
 @numba.njit(cache=True, nogil=True)
-def _any_outside(flat: np.ndarray, low: float, high: float) -> bool:
+def _any_outside(arr: np.ndarray, low: int, high: int) -> bool:
     bad = False
-    for x in flat:
+    for x in arr.flat:  # any shape and memory layout: no reshape (a NumPy call) before the kernel
         bad |= (x < low) | (x > high)
     return bad
 
@@ -47,6 +47,8 @@ class Bounds:
         flat_low, flat_high = self.low.reshape(-1), self.high.reshape(-1)
         uniform = self.low.size and np.all(flat_low == flat_low[0]) and np.all(flat_high == flat_high[0])
         self.uniform = (flat_low[0], flat_high[0]) if uniform else None
+        # the kernel's bounds as Python ints: NumPy scalars cost Numba's dispatcher a typeof each
+        self._uniform_ints = (int(flat_low[0]), int(flat_high[0])) if uniform and self.integer else None
 
     def mask(self, arr: np.ndarray) -> np.ndarray:
         """Elementwise: True where ``arr`` (shape ``(*batch, *shape)``) is outside (or NaN)."""
@@ -56,9 +58,9 @@ class Bounds:
         """True when some element of ``arr`` (shape ``(*batch, *shape)``) is outside."""
         if not self.needed or not arr.size:
             return False
-        if self.integer and self.uniform is not None and arr.dtype == self.dtype:
+        if self._uniform_ints is not None and arr.dtype == self.dtype:
             # one compiled pass: far cheaper than numpy's min and max reductions on small arrays
-            return bool(_any_outside(arr.reshape(-1), *self.uniform))
+            return _any_outside(arr, *self._uniform_ints)
         return bool(self.mask(arr).any())
 
     def refuse(self, arr: np.ndarray, path: tuple, why: str) -> None:
