@@ -206,7 +206,7 @@ def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> 
     for section, values in (changes or {}).items():
         flags.setdefault(section, {}).update(values)
     config, _ = settings.resolve(flags=flags)
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
     ppo = build_ppo(config)
     vecenv, policy = ppo.env, ppo.policy
     hit: list = []
