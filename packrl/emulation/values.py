@@ -47,8 +47,10 @@ class Bounds:
         flat_low, flat_high = self.low.reshape(-1), self.high.reshape(-1)
         uniform = self.low.size and np.all(flat_low == flat_low[0]) and np.all(flat_high == flat_high[0])
         self.uniform = (flat_low[0], flat_high[0]) if uniform else None
-        # the kernel's bounds as Python ints: NumPy scalars cost Numba's dispatcher a typeof each
-        self._uniform_ints = (int(flat_low[0]), int(flat_high[0])) if uniform and self.integer else None
+        # the kernel's bounds as Python ints (NumPy scalars cost Numba's dispatcher a typeof each), but uint64's
+        # as uint64: Numba compares uint64 with int64 through float64, where 2**63 - 1 and 2**63 are one value
+        self._kernel_bounds = None if not (uniform and self.integer) else self.uniform \
+            if self.dtype == np.uint64 else (int(flat_low[0]), int(flat_high[0]))
 
     def mask(self, arr: np.ndarray) -> np.ndarray:
         """Elementwise: True where ``arr`` (shape ``(*batch, *shape)``) is outside (or NaN)."""
@@ -58,9 +60,9 @@ class Bounds:
         """True when some element of ``arr`` (shape ``(*batch, *shape)``) is outside."""
         if not self.needed or not arr.size:
             return False
-        if self._uniform_ints is not None and arr.dtype == self.dtype:
+        if self._kernel_bounds is not None and arr.dtype == self.dtype:
             # one compiled pass: far cheaper than numpy's min and max reductions on small arrays
-            return _any_outside(arr, *self._uniform_ints)
+            return _any_outside(arr, *self._kernel_bounds)
         return bool(self.mask(arr).any())
 
     def refuse(self, arr: np.ndarray, path: tuple, why: str) -> None:
