@@ -117,7 +117,7 @@ def packrl_run(env_id: str, seed: int, threshold: float, budget: int, window_siz
     vecenv.close()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     rollout, update = (sum(h[k] for h in history) for k in ("rollout_seconds", "update_seconds"))
-    print(f"    {env_id} seed {seed}: {len(history)} iterations in {time.perf_counter() - start:.2f} s, rollouts "
+    print(f"    {env_id} seed {seed}: {len(history)} iterations in {wall:.2f} s, rollouts "
           f"{rollout:.2f} s, updates {update:.2f} s ({update / len(history) / cfg.update_epochs / cfg.num_minibatches * 1e3:.2f} "
           "ms per minibatch)", flush=True)
     eval_env = vector.make(env_id, 20, backend="numba", seed=10_000) if env_id in ("cartpole", "gridworld") \
@@ -350,6 +350,11 @@ def cleanrl_continuous_run(env_id: str, seed: int, threshold: float, budget: int
                   wall=wall, cpu=cpu)
 
 
+def budget_wall(outcomes: dict[int, Result]) -> float:
+    """The median wall seconds of the runs' whole budgets."""
+    return statistics.median(r.wall for r in outcomes.values())
+
+
 def continuous_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
     """Issue 30's targets for the continuous tasks in ``runs``: packrl's defaults on every seed, training and eval."""
     targets = []
@@ -357,7 +362,7 @@ def continuous_targets(runs: dict[str, dict[int, Result]]) -> list[Target]:
         if task in runs:
             targets.append(seeds_target(f"{env_id}, defaults", threshold, budget, runs[task], eval_too=True))
         if task in runs and f"cleanrl-{task}" in runs and task in ("halfcheetah", "hopper"):
-            ours, theirs = (statistics.median(r.wall for r in runs[t].values()) for t in (task, f"cleanrl-{task}"))
+            ours, theirs = budget_wall(runs[task]), budget_wall(runs[f"cleanrl-{task}"])
             targets.append(Target(f"{env_id}, wall for the budget", "< the CleanRL-style loop's (median, same run)",
                                   f"{ours:,.0f} s vs {theirs:,.0f} s ({ours / theirs:.2f}x)", ours < theirs,
                                   () if ours < theirs else (f"packrl {ours:,.0f} s >= CleanRL-style {theirs:,.0f} s",)))
@@ -449,7 +454,7 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()} for every contender; threshold: the moving mean of the last "
           "20 finished training episodes (gridworld: 200) >= threshold; each run goes on to its budget; final = "
           "the moving mean and a 20-episode greedy eval at the budget\n")
-    rows, medians, runs, continuous_rows, budget_walls = [], {}, {}, [], {}
+    rows, medians, runs, continuous_rows = [], {}, {}, []
     for task in args.tasks.split(","):
         if task in continuous:
             contender, name_of = continuous_contender(task)
@@ -494,7 +499,6 @@ def main() -> None:
                summary([r.steps for r in results]), summary([r.seconds for r in results]),
                summary([r.last_mean for r in results]), summary([r.eval_mean for r in results])]
         if task in continuous:
-            budget_walls[task] = statistics.median([r.wall for r in results])
             continuous_rows.append([*row, summary([r.wall for r in results]), summary([r.cpu for r in results])])
         else:
             rows.append(row)
@@ -508,9 +512,9 @@ def main() -> None:
             for anchor, label in ((f"sb3-{task}", "SB3 zoo"), (f"cleanrl-{task}", "CleanRL-style")):
                 if np.isfinite(medians.get(task, np.nan)) and np.isfinite(medians.get(anchor, np.nan)):
                     print(f"wall to threshold, {task} / {label}: {medians[task] / medians[anchor]:.2f}x (median / median)")
-                if task in budget_walls and anchor in budget_walls:
+                if task in runs and anchor in runs:
                     print(f"wall for the whole budget, {task} / {label}: "
-                          f"{budget_walls[task] / budget_walls[anchor]:.2f}x (median / median)")
+                          f"{budget_wall(runs[task]) / budget_wall(runs[anchor]):.2f}x (median / median)")
     anchors = {"sb3-cartpole": "SB3 zoo", "cleanrl-zoo": "CleanRL-style file, zoo"}
     pairs = [(task, anchor) for anchor in anchors for task in ("cartpole-gym", "cartpole-numba")]
     for task, anchor in [*pairs, ("cleanrl-zoo", "sb3-cartpole")]:

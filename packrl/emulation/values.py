@@ -17,7 +17,7 @@ from packrl.errors import EmulationError
 
 
 @numba.njit(cache=True, nogil=True)
-def _any_outside(arr: np.ndarray, low: int, high: int) -> bool:
+def _any_outside(arr: np.ndarray, low: int | np.uint64, high: int | np.uint64) -> bool:
     bad = False
     for x in arr.flat:  # any shape and memory layout: no reshape (a NumPy call) before the kernel
         bad |= (x < low) | (x > high)
@@ -49,8 +49,9 @@ class Bounds:
         self.uniform = (flat_low[0], flat_high[0]) if uniform else None
         # the kernel's bounds as Python ints (NumPy scalars cost Numba's dispatcher a typeof each), but uint64's
         # as uint64: Numba compares uint64 with int64 through float64, where 2**63 - 1 and 2**63 are one value
-        self._kernel_bounds = None if not (uniform and self.integer) else self.uniform \
-            if self.dtype == np.uint64 else (int(flat_low[0]), int(flat_high[0]))
+        self._kernel_bounds = None
+        if uniform and self.integer:
+            self._kernel_bounds = self.uniform if self.dtype == np.uint64 else tuple(map(int, self.uniform))
 
     def mask(self, arr: np.ndarray) -> np.ndarray:
         """Elementwise: True where ``arr`` (shape ``(*batch, *shape)``) is outside (or NaN)."""
