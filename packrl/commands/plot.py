@@ -28,7 +28,7 @@ def plot_command(run: str, out: str | None = None, title: str | None = None) -> 
     from packrl.errors import PackrlError
     from packrl.run_folders import error_line, printable
     from packrl.train.plot import INSTALL, matplotlib_available, plot_learning_curve
-    from packrl.train.session import read_history
+    from packrl.history import read_history
 
     folder = Path(run)
     history = folder / "history.jsonl"
