@@ -200,6 +200,33 @@ TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
 EXTRA_CHECKS: dict[str, Callable[[Any], str | None]] = {"device": _check_device}
 
 
+@dataclass(frozen=True)
+class SearchRange:
+    """A tunable setting's default search range for ``packrl sweep`` (docs/sweep.md): ``low`` to ``high`` on a
+    ``scale`` (linear; log; log1m: log-uniform in ``1 - value``, for discounts), or one of ``choices``."""
+
+    low: float | None = None
+    high: float | None = None
+    scale: Literal["linear", "log", "log1m"] = "linear"
+    choices: tuple = ()
+
+
+SEARCH: dict[str, SearchRange] = {
+    # rl-baselines3-zoo's PPO sampler (rl_zoo3/hyperparams_opt.py), narrowed where its range only loses time
+    "train.learning_rate": SearchRange(1e-5, 1e-2, "log"),
+    "train.gamma": SearchRange(0.9, 0.9999, "log1m"),
+    "train.gae_lambda": SearchRange(0.8, 1.0),
+    "train.num_steps": SearchRange(choices=(16, 32, 64, 128, 256, 512)),
+    "train.num_minibatches": SearchRange(choices=(1, 2, 4, 8)),
+    "train.update_epochs": SearchRange(1, 20),
+    "train.clip_coef": SearchRange(0.1, 0.4),
+    "train.ent_coef": SearchRange(1e-8, 0.1, "log"),
+    "train.vf_coef": SearchRange(0.2, 1.0),
+    "train.max_grad_norm": SearchRange(0.3, 5.0, "log"),
+}
+"""The settings ``packrl sweep`` searches by default, each with its range and scale."""
+
+
 # ---------------------------------------------------------------- settings
 
 
@@ -214,6 +241,7 @@ class Setting:
     help: str
     range: Range | None = None
     extra_check: Callable[[Any], str | None] | None = None
+    search: SearchRange | None = None  # the default range of ``packrl sweep`` (SEARCH); None: not searched
 
     @property
     def key(self) -> str:
@@ -374,7 +402,8 @@ def _dataclass_settings(section: str, cls: type, overrides: dict[str, tuple[str,
         help_text = help_text or f.metadata.get("help") or comments.get(f.name) or f"{cls.__name__}.{f.name}"
         value_range = value_range or f.metadata.get("range")
         check = f.metadata.get("check") or (EXTRA_CHECKS.get(f.name) if section == "train" else None)
-        out.append(Setting(section, f.name, hints[f.name], default, help_text, value_range, check))
+        out.append(Setting(section, f.name, hints[f.name], default, help_text, value_range, check,
+                           SEARCH.get(f"{section}.{f.name}")))
     return out
 
 
