@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from packrl.errors import PackrlError
+from packrl.printing import shown
 
 MARKER = ".packrl-run"
 """The file packrl writes into every run folder it creates; ``--overwrite`` deletes only folders that hold it."""
@@ -35,13 +36,9 @@ class RunError(PackrlError, ValueError):
     """A run folder or a checkpoint to resume from cannot be used as asked."""
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def printable(text: str) -> str:
-    """``text`` with every control character (C0, DEL, C1, line and bidi controls) written as a Python escape
-    (``\\x1b``), so a field read from a file cannot move the cursor, recolour or retitle a terminal."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """``text`` with control characters and lone surrogates escaped (``packrl.printing.shown``)."""
+    return shown(text)
 
 
 def error_line(err: BaseException) -> str:

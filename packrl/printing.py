@@ -1,0 +1,21 @@
+"""Printing user-controlled text: every path, name or metadata field that packrl prints goes through ``shown``,
+so a string read from a file or given on the command line cannot move the cursor, recolour or retitle a
+terminal, and a lone surrogate (from a JSON ``"\\ud800"`` or an undecodable file name) cannot make ``print``
+raise UnicodeEncodeError."""
+from __future__ import annotations
+
+import re
+
+_UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""C0, DEL, C1, line and paragraph separators, bidi controls, and surrogates (a Python str holds a surrogate
+only unpaired: a pair is one astral character)."""
+
+
+def shown(text: object) -> str:
+    """``text`` (``str(text)`` for a non-string) with every control character and lone surrogate written as a
+    Python escape (``\\x1b``, ``\\n``, ``\\u202e``, ``\\ud800``); everything else, non-ASCII letters included, as is."""
+    return _UNSHOWN.sub(_escape_one, text if isinstance(text, str) else str(text))
+
+
+def _escape_one(match: re.Match) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")  # "\\x1b", "\\n", "\\u202e", "\\ud800"
