@@ -7,7 +7,11 @@ SyncVectorEnv at 4096. Each cell: median of --repeats timed runs of fixed random
 --interleave R: instead, R rounds that time the serial loop, 2 threads and CartPoleVectorEnv in turn
 at --sizes (default 4096), each round with the cores other jobs kept busy meanwhile, and the ratio of
 each round's pair (the load falls on both sides alike).
-Usage: python benchmarks/numba_envs.py [--repeats N] [--quick] [--interleave R [--sizes 4096] [--seconds S]]
+--busy R: the threaded default against threads=1 with a core idle and with one core held: R interleaved rounds
+(serial loop, 2 threads as the default was before issue 40, the default, CartPoleVectorEnv) at --sizes (default
+4096), first as the machine is, then with a CPU-bound process of this script's pinned to the last core; each
+round's ratios default / threads=1 (target >= 0.9 with the core held) and default / CartPoleVectorEnv.
+Usage: python benchmarks/numba_envs.py [--repeats N] [--quick] [--interleave R | --busy R [--sizes 4096] [--seconds S]]
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import gymnasium
@@ -183,16 +188,91 @@ def interleaved_rounds(n: int, rounds: int, seconds: float) -> None:
               f"[{pairs[0]:.2f}-{pairs[-1]:.2f}], >= 2x in {sum(p >= 2 for p in pairs)} of {len(pairs)} rounds")
 
 
+_SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+@contextmanager
+def one_core_held() -> Any:
+    """A CPU-bound process pinned to the machine's last core while the block runs."""
+    core = max(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", _SPIN, str(core)])
+    try:
+        time.sleep(0.5)
+        yield core
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def _timed_rounds(built: dict, actions: np.ndarray, n: int, rounds: int, seconds: float) -> tuple[dict, dict]:
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    other: dict[str, list[float]] = {name: [] for name in built}
+    for _ in range(rounds):
+        for name, step in built.items():
+            machine, own = busy_cpu_s(), time.process_time()
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for k in range(10):
+                    step(actions[k])
+                calls += 10
+            wall = time.perf_counter() - start
+            rates[name].append(calls * n / wall)
+            other[name].append((busy_cpu_s() - machine - (time.process_time() - own)) / wall)
+    return rates, other
+
+
+def busy_rounds(n: int, rounds: int, seconds: float) -> None:
+    """The default (timed choice) against threads=1 and 2 fixed threads, with no core and with one core held."""
+    def packrl_env(threads: int | None) -> Callable:
+        env = envs.make("cartpole", num_envs=n, seed=0, threads=threads)
+        env.reset()
+        built_envs[threads] = env
+        return env.step
+
+    built_envs: dict = {}
+    built = {"threads=1": packrl_env(1), "threads=2 (old default)": packrl_env(2), "default (timed)": packrl_env(None),
+             "CartPoleVectorEnv": makers(n)["gymnasium CartPoleVectorEnv"]()}
+    actions = np.random.default_rng(0).integers(0, 2, (16, n))
+    for step in built.values():
+        for k in range(20):
+            step(actions[k % 16])
+    for condition in ("as the machine is", "one core held by a spinning process"):
+        with (one_core_held() if condition.startswith("one") else _nothing()):
+            rates, other = _timed_rounds(built, actions, n, rounds, seconds)
+        print(f"\n{n} envs, {condition}: {rounds} interleaved rounds of {seconds} s: M agent-steps/s @ cores other "
+              f"processes used (the spinner included)")
+        for name, r in rates.items():
+            cells = " ".join(f"{x / 1e6:.1f}@{o:.1f}" for x, o in zip(r, other[name]))
+            print(f"  {name:<24} median {statistics.median(r) / 1e6:6.2f}M  rounds: {cells}")
+        for name, anchor in (("default (timed)", "threads=1"), ("threads=2 (old default)", "threads=1"),
+                             ("default (timed)", "CartPoleVectorEnv"), ("threads=2 (old default)", "CartPoleVectorEnv"),
+                             ("threads=1", "CartPoleVectorEnv")):
+            pairs = sorted(a / b for a, b in zip(rates[name], rates[anchor]))
+            print(f"  {name} / {anchor}: over all rounds {sum(rates[name]) / sum(rates[anchor]):.2f}x, paired by round "
+                  f"median {statistics.median(pairs):.2f}x [{pairs[0]:.2f}-{pairs[-1]:.2f}]")
+        print(f"  the default's choice now: {built_envs[None].thread_choice!r}")
+
+
+@contextmanager
+def _nothing() -> Any:
+    yield None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
     parser.add_argument("--interleave", type=int, default=0, help="rounds of serial / 2 threads / VectorEnv in turn")
-    parser.add_argument("--sizes", default="4096", help="env counts for --interleave, e.g. 64,4096")
+    parser.add_argument("--busy", type=int, default=0, help="rounds of the default vs threads=1, idle then one core held")
+    parser.add_argument("--sizes", default="4096", help="env counts for --interleave and --busy, e.g. 64,4096")
     parser.add_argument("--seconds", type=float, default=0.3, help="seconds per timed run in --interleave")
     args = parser.parse_args()
     budget = 0.1 if args.quick else 0.5
     print(machine_line())
+    if args.busy:
+        for n in (int(x) for x in args.sizes.split(",")):
+            busy_rounds(n, args.busy, args.seconds)
+        return
     if args.interleave:
         for n in (int(x) for x in args.sizes.split(",")):
             interleaved_rounds(n, args.interleave, args.seconds)

@@ -54,6 +54,7 @@ from packrl.emulation.tree import iter_leaves
 from packrl.emulation.values import format_path
 from packrl.env_protocol import SAME_STEP, Batch, NoEnvObjects
 from packrl.envs.rng import RNG_WORDS
+from packrl.envs.thread_choice import SERIAL, ThreadChoice
 from packrl.errors import EmulationError, EnvError, UsageError
 
 
@@ -74,8 +75,9 @@ _threading_layer_apart_from_torch()
 PARALLEL_MIN_ENVS = 1024
 """Below this many copies ``threads=None`` steps them in one serial loop: the crossover of 2 threads
 against the serial loop with CartPole on an idle 2-core machine (benchmarks/README.md, numba_envs.py).
-Where other jobs hold the cores, a fork-join waits for whichever thread was descheduled: pass
-``threads=1`` there."""
+From there it times the serial loop against the threads while it runs and steps with the faster
+(:class:`packrl.envs.thread_choice.ThreadChoice`): where other jobs hold the cores, a fork-join waits
+for whichever thread was descheduled, and the serial loop wins."""
 
 
 # ---------------------------------------------------------------- the user contract
@@ -446,8 +448,9 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
     inside the same ``step``; ``final_observations`` holds its last observation and
     ``infos["episode_return"]`` / ``infos["episode_length"]`` its return and length (both valid
     at the rows where ``terminals | truncations``; the arrays are reused, copy what you keep).
-    ``threads``: None picks a serial loop below :data:`PARALLEL_MIN_ENVS` copies and all Numba
-    threads above; 1 forces serial; k > 1 runs ``prange`` on k threads.
+    ``threads``: None picks a serial loop below :data:`PARALLEL_MIN_ENVS` copies and, above, whichever of
+    the serial loop and all Numba threads steps faster on this machine now (timed while it runs,
+    ``thread_choice``); 1 forces serial; k > 1 runs ``prange`` on k threads.
     ``episode_infos``: when True, a step where episodes ended returns ``infos`` with
     ``episode_index``, ``episode_return`` and ``episode_length`` of those copies (off by default: it
     costs a few microseconds per step, as much as stepping 64 CartPoles). The same numbers are
@@ -489,6 +492,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         self._fast_shape = (int(num_envs), *self._action_shapes[0][0]) if single else None
         self._source = KernelSource(env, layout, action, self.passthrough)
         self.threads = self._choose_threads(threads)
+        self.thread_choice = ThreadChoice(self.threads) if threads is None and self.threads > 1 else None
 
         self.observations = np.zeros((n, *obs_shape), obs_dtype)
         self.final_observations = np.zeros_like(self.observations)
@@ -554,19 +558,24 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
             return self._compile_module(self._module)
 
     def _compile_module(self, m: Any) -> list[CompileRecord]:
-        step = m.step_parallel if self.threads > 1 else m.step_serial
-        if self.threads > 1:  # chunks per thread: a few, so a slow chunk does not hold the others up
-            self._step_tail = (*self._step_tail, np.int64(4 * self.threads))
+        # chunks per thread: a few, so a slow chunk does not hold the others up
+        self._parallel_tail = (*self._step_tail, np.int64(4 * self.threads))
         dummy = tuple(np.zeros((self.num_envs, *shape), dtype) for shape, dtype in self._action_shapes)
-        records = [compile_kernel(self.name, step, (*dummy, *self._step_tail)),
-                   compile_kernel(self.name, m.reset_all, (np.int64(0), False, *self._reset_tail))]
-        self._step_kernel, self._reset_kernel = step, m.reset_all
+        records = []
+        if self.threads == 1 or self.thread_choice is not None:
+            records.append(compile_kernel(self.name, m.step_serial, (*dummy, *self._step_tail)))
+        if self.threads > 1:
+            records.append(compile_kernel(self.name, m.step_parallel, (*dummy, *self._parallel_tail)))
+        records.append(compile_kernel(self.name, m.reset_all, (np.int64(0), False, *self._reset_tail)))
+        self._serial_kernel, self._parallel_kernel, self._reset_kernel = m.step_serial, m.step_parallel, m.reset_all
         return records
 
     @property
     def compile_report(self) -> str:
         """One line: how each kernel was made ready in this process."""
-        return f"numba env {self.name!r} x{self.num_envs} ({'serial' if self.threads == 1 else f'{self.threads} threads'}): " \
+        how = "serial" if self.threads == 1 else f"{self.threads} threads"
+        how = f"serial or {self.threads} threads, timed" if self.thread_choice is not None else how
+        return f"numba env {self.name!r} x{self.num_envs} ({how}): " \
             + "; ".join(str(r) for r in self.compile_records)
 
     # ------------------------------------------------------------ protocol
@@ -608,8 +617,6 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         whose episode ends are reset in the same call."""
         if self.closed:
             self._check_open()
-        if self.threads > 1 and numba.get_num_threads() != self.threads:
-            numba.set_num_threads(self.threads)
         # fast path: an array already in the kernel's dtype and shape (``is``: builtin dtypes are singletons)
         if (type(actions) is np.ndarray and actions.dtype is self._fast_dtype and actions.shape == self._fast_shape
                 and actions.flags.c_contiguous):
@@ -618,11 +625,31 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
             acts = self._actions(actions)
         if self._check_actions(*acts) >= 0:
             self._refuse_actions(acts)
-        code = self._step_kernel(*acts, *self._step_tail)
+        code = self._run_step(acts)
         if code < 0:
             self._raise_leaf_error("step")
         infos = self._episode_infos() if code > 0 and self.episode_infos else {}
         return self.observations, self.rewards, self.terminals, self.truncations, infos
+
+    def _run_step(self, acts: tuple) -> int:
+        """One call of the step kernel: the serial loop, the threaded one, or (``threads=None`` on a large batch)
+        the one ``thread_choice`` picks, timed for it."""
+        choice = self.thread_choice
+        kernel = self.threads if choice is None else choice.pick()
+        if kernel == SERIAL:
+            if choice is None:
+                return self._serial_kernel(*acts, *self._step_tail)
+            start = time.perf_counter()
+            code = self._serial_kernel(*acts, *self._step_tail)
+        else:
+            if numba.get_num_threads() != kernel:
+                numba.set_num_threads(kernel)
+            if choice is None:
+                return self._parallel_kernel(*acts, *self._parallel_tail)
+            start = time.perf_counter()
+            code = self._parallel_kernel(*acts, *self._parallel_tail)
+        choice.record(kernel, time.perf_counter() - start)
+        return code
 
     def _episode_infos(self) -> dict:
         index = np.flatnonzero(self.terminals | self.truncations)
