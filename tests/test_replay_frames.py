@@ -108,6 +108,10 @@ def reference_sequence(history, j, length):
 def test_sequences_match_the_reference_with_masks_at_episode_ends(seed, rows, steps, capacity, p_end, p_mask,
                                                                   prioritized, length, k):
     buf, events = _filled(seed, rows, steps, capacity, p_end, p_mask, prioritized, frame_stack=k)
+    if length > capacity:  # no real step could fill it
+        with pytest.raises(UsageError, match="longer than the buffer"):
+            buf.sample_sequences(4, length)
+        return
     if not buf.transitions:
         with pytest.raises(UsageError, match="no transition"):
             buf.sample_sequences(4, length)

@@ -288,6 +288,9 @@ class ReplayBuffer:
         step t (the ended episode's final observation after its last step). Frame stacks, when the buffer
         has them, are built for every place."""
         batch_size, length = _count("batch_size", batch_size, 1), _count("sequence_length", sequence_length, 1)
+        if length > self.capacity:  # no real step could fill it: all masks past the buffer, memory for nothing
+            raise UsageError(f"ReplayBuffer.sample_sequences: sequence_length {length:,} is longer than the buffer "
+                             f"({self.capacity:,} slots per row)")
         held = int(self.held[0])
         if held == 0:
             raise UsageError("the replay buffer holds no transition yet (a row needs a step and its successor)")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from packrl.checkpoint import CheckpointError, manifest_sha256, read_header, sha256_file
+from packrl.run_folders import RunError, write_file
 
 FORMAT = "packrl.replay/2"  # 1: gamma and the priority settings were outside the hash; refused with a message
 ARRAYS, METADATA = "replay.safetensors", "replay.json"
@@ -37,14 +38,14 @@ BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM, "P
 
 
 def save_buffer(buffer: Any, path: str | Path) -> Path:
-    from safetensors.numpy import save_file
+    """Both files through ``run_folders.write_file`` (atomic, never through a symlink), arrays first."""
+    from safetensors.numpy import save
 
     path = Path(path)
+    if path.is_symlink():
+        raise RunError(f"replay folder {path}: is a symlink; packrl never writes through a symlink")
     path.mkdir(parents=True, exist_ok=True)
-    arrays = path / ARRAYS
-    tmp = arrays.with_suffix(".tmp")
-    save_file({name: np.ascontiguousarray(getattr(buffer, name)) for name in STATE}, str(tmp))
-    tmp.replace(arrays)  # a crash mid-write never leaves a half file under the real name
+    arrays = write_file(path, ARRAYS, save({name: np.ascontiguousarray(getattr(buffer, name)) for name in STATE}))
     metadata = {
         "format": FORMAT,
         "arrays_sha256": sha256_file(arrays),
@@ -67,10 +68,9 @@ def save_buffer(buffer: Any, path: str | Path) -> Path:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     metadata["sha256"] = manifest_sha256(metadata)
-    tmp = path / (METADATA + ".tmp")
-    tmp.write_text(json.dumps(metadata, indent=2))
-    tmp.replace(path / METADATA)  # a crash leaves the old metadata, whose hash then refuses the new arrays
+    write_file(path, METADATA, json.dumps(metadata, indent=2))  # a crash before this: the old hash refuses the arrays
     return path
+
 
 
 def load_buffer(cls: type, path: str | Path) -> Any:
