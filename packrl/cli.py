@@ -1,11 +1,12 @@
-"""The ``packrl`` command: ``packrl train ENV``, ``packrl eval CHECKPOINT``, ``packrl inspect CHECKPOINT``,
-``packrl check ENV``, ``packrl configs``.
+"""The packrl command trains, evaluates, inspects, checks and plots reinforcement-learning runs.
 
-Settings come from the defaults, then the env family's preset (``packrl configs`` lists them), then
-``--config FILE`` (TOML; sections env/vec/policy/train), then flags: one typed flag per config field
-(``--train.learning_rate 1e-3`` or ``--train.learning_rate=1e-3``) and the shortcuts ``--total-steps``,
-``--seed``, ``--device``, ``--num-envs``, ``--backend``, ``--num-workers``, ``--network``, ``--hidden``.
-A bad value, flag or file is one line on stderr and exit status 2.
+``packrl train ENV``, ``packrl eval CHECKPOINT``, ``packrl inspect CHECKPOINT``, ``packrl check ENV``,
+``packrl configs``, ``packrl plot RUN``. Settings come from the defaults, then the env family's preset
+(``packrl configs`` lists them), then ``--config FILE`` (TOML; sections env/vec/policy/train), then flags: one
+typed flag per config field (``--train.learning_rate 1e-3`` or ``--train.learning_rate=1e-3``) and the shortcuts
+``--total-steps``, ``--seed``, ``--device``, ``--num-envs``, ``--backend``, ``--num-workers``, ``--network``,
+``--hidden``. A bad value, flag, env id or path is one line on stderr and exit status 2, found before torch or
+numba is imported.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import packrl.commands.evaluate
 import packrl.commands.inspect
 import packrl.commands.train  # noqa: F401 - loads commands.train, which main() reads
 from packrl import __version__, commands
-from packrl.commands.arguments import SHORTCUTS
+from packrl.commands.arguments import SHORTCUTS, description
 from packrl.errors import PackrlError
 
 if TYPE_CHECKING:  # imported where used: `packrl --help` starts without them
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # imported where used: `packrl --help` starts without them
     from packrl.presets import Preset
 
 CONFIG_COMMANDS = ("train", "check")
+CHECK_SECTIONS = ("env", "vec", "policy")
+"""The settings ``packrl check`` reads (it builds the envs and the policy; it does not train), with ``--seed``."""
 SECTION_TITLES = {
     "env": "env settings ([env] in a config file)", "vec": "vector settings ([vec])",
     "policy": "policy settings ([policy])", "train": "training settings ([train]: total_steps and PPOConfig)",
@@ -76,32 +79,35 @@ def build_parser() -> Parser:
     from packrl import config as config_settings
     from packrl import presets
 
-    parser = Parser(prog="packrl", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser = Parser(prog="packrl", description=description(__doc__), allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"packrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     settings = config_settings.settings()
+    preset_values = _preset_values(presets.PRESETS)
     preset_lines = "\n".join(f"  {p.name:20} {', '.join(p.patterns)}" for p in presets.PRESETS)
     epilog = (f"presets (chosen from the env id; `packrl configs` shows what each sets):\n{preset_lines}\n"
               "precedence: defaults < preset < --config file < flags")
 
-    train = sub.add_parser("train", help=COMMAND_HELP["train"], description="Train PPO on ENV.", epilog=epilog,
-                           usage="packrl train [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
-                           formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    _add_config_arguments(train, settings)
+    train = sub.add_parser("train", help=COMMAND_HELP["train"], description=description(commands.train.__doc__),
+                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+                           usage="packrl train [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]")
+    _add_config_arguments(train, settings, preset_values)
     commands.train.add_arguments(train)
 
-    evaluate = sub.add_parser("eval", help=COMMAND_HELP["eval"], allow_abbrev=False)
+    evaluate = sub.add_parser("eval", help=COMMAND_HELP["eval"], description=description(commands.evaluate.__doc__),
+                              allow_abbrev=False)
     commands.evaluate.add_arguments(evaluate)
     inspect = sub.add_parser("inspect", help=COMMAND_HELP["inspect"])
     commands.inspect.add_arguments(inspect)
 
-    check = sub.add_parser("check", help=COMMAND_HELP["check"],
+    check = sub.add_parser("check", help=COMMAND_HELP["check"], description=description(commands.check.__doc__),
                            usage="packrl check [ENV] [--config FILE] [--preset NAME] [--section.key VALUE ...] [options]",
                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    _add_config_arguments(check, settings)
+    _add_config_arguments(check, settings, preset_values, sections=CHECK_SECTIONS, extra_shortcuts=("seed",))
     commands.check.add_arguments(check)
 
-    configs = sub.add_parser("configs", help=COMMAND_HELP["configs"], allow_abbrev=False)
+    configs = sub.add_parser("configs", help=COMMAND_HELP["configs"], description=description(commands.configs.__doc__),
+                             allow_abbrev=False)
     commands.configs.add_arguments(configs)
 
     Parser.known_flags = {name: sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
@@ -109,9 +115,11 @@ def build_parser() -> Parser:
     return parser
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict) -> None:
-    """ENV, --config, --preset, the shortcuts and one flag per setting (dest ``cfg:section.key``, default None:
-    only the flags given reach the config)."""
+def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict, preset_values: dict[str, str],
+                          sections: tuple[str, ...] = tuple(SECTION_TITLES), extra_shortcuts: tuple[str, ...] = ()) -> None:
+    """ENV, --config, --preset, the shortcuts and one flag per setting of ``sections`` (dest ``cfg:section.key``,
+    default None: only the flags given reach the config), and the shortcuts ``extra_shortcuts`` of other sections.
+    A setting a preset changes says which presets set it to what."""
     parser.add_argument("env", nargs="?", help="env id: a packrl env (gridworld, cartpole), a gymnasium id "
                         "(CartPole-v1), module:EnvId (minigrid:MiniGrid-Empty-5x5-v0), a MiniGrid-*/BabyAI-* id, "
                         "a PettingZoo module path (pettingzoo.classic.connect_four_v3) or module:function "
@@ -121,14 +129,30 @@ def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict) -> No
                         help="auto (by env id), none, or a preset name (default: auto; list: packrl configs)")
     shortcuts = parser.add_argument_group("shortcuts")
     for flag, key in SHORTCUTS.items():
+        if key.partition(".")[0] not in sections and flag not in extra_shortcuts:
+            continue
         s = settings[key]
         shortcuts.add_argument(f"--{flag.replace('_', '-')}", dest=f"short:{flag}", metavar=_metavar(s),
                                help=f"= {s.flag}")
-    groups = {section: parser.add_argument_group(title) for section, title in SECTION_TITLES.items()}
+    groups = {section: parser.add_argument_group(SECTION_TITLES[section]) for section in sections}
     for s in settings.values():
+        if s.section not in sections:
+            continue
+        by_preset = f"; presets: {preset_values[s.key]}" if s.key in preset_values else ""
         groups[s.section].add_argument(
             s.flag, dest=f"cfg:{s.key}", metavar=_metavar(s), **({"nargs": "?", "const": "true"} if s.base is bool else {}),
-            help=f"{s.help} ({_bounds(s)}default: {_default_text(s)})".replace("%", "%%"))
+            help=f"{s.help} ({_bounds(s)}default: {_default_text(s)}{by_preset})".replace("%", "%%"))
+
+
+def _preset_values(presets: tuple[Preset, ...]) -> dict[str, str]:
+    """``{"train.learning_rate": "classic-control 0.001, gridworld 0.002, ..."}``: what each preset sets a setting to
+    (``train --help`` shows it beside the default, so a user sees the value their env trains with)."""
+    out: dict[str, list[str]] = {}
+    for preset in presets:
+        for key, value in preset.items():
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            out.setdefault(key, []).append(f"{preset.name} {shown}")
+    return {key: ", ".join(values) for key, values in out.items()}
 
 
 def _metavar(s: Setting) -> str:
@@ -177,7 +201,6 @@ def normalize_argv(argv: list[str]) -> list[str]:
 def config_from_args(args: argparse.Namespace) -> tuple[dict, object]:
     """The checked config of a train/check command line and the preset it used: defaults < preset < file < flags."""
     from packrl import config as config_settings
-    from packrl.train.run import load_config_file
 
     settings = config_settings.settings()
     flags: dict[str, dict] = {}
@@ -188,7 +211,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[dict, object]:
         flags.setdefault(setting.section, {})[setting.name] = setting.parse(text, flag=flag)
     if args.env:
         flags.setdefault("env", {})["id"] = args.env
-    file_layer = load_config_file(args.config) if args.config else None
+    file_layer = None
+    if args.config:
+        from packrl.train.run import load_config_file  # imports torch: only for a command line that names a file
+
+        file_layer = load_config_file(args.config)
+    args.env_from_file = bool(file_layer and (file_layer.get("env") or {}).get("id"))
     return config_settings.resolve(file_layer, config_settings.ConfigLayer(flags, "command line"), args.preset)
 
 
@@ -198,15 +226,23 @@ COMMAND_HELP = {
     "check": "shape, dtype, range, NaN and gradient checks of ENV with its policy",
     "configs": "list the presets and what each sets; NAME prints one as TOML",
     "plot": "draw a run's learning curve from its history.jsonl (needs matplotlib: packrl[plot])",
+    "sweep": "hyperparameter search on Optuna: packrl sweep ENV, packrl sweep show SWEEP (needs packrl[sweep])",
 }
 
 
 def top_level(argv: list[str]) -> int | None:
-    """``packrl``, ``packrl --help`` and ``packrl --version`` without building the subcommands' parsers (which
-    read PPOConfig and so import torch and numba): instant. None for every other command line."""
+    """``packrl``, ``packrl --help``, ``packrl --version`` and an unknown command without building the
+    subcommands' parsers: instant. None for every other command line."""
+    if argv[:1] and not argv[0].startswith("-") and argv[0] not in COMMAND_HELP:
+        close = difflib.get_close_matches(argv[0], list(COMMAND_HELP), n=1, cutoff=0.5)
+        from packrl.run_folders import printable
+
+        print(f"packrl: error: unknown command {printable(argv[0])!r}" + (f" (did you mean {close[0]}?)" if close else "")
+              + f"; the commands: {', '.join(COMMAND_HELP)} (see packrl --help)", file=sys.stderr)
+        return 2
     if argv not in ([], ["-h"], ["--help"], ["--version"]):
         return None
-    parser = Parser(prog="packrl", description=__doc__.split("\n")[0], allow_abbrev=False,
+    parser = Parser(prog="packrl", description=description(__doc__), allow_abbrev=False,
                     epilog="`packrl COMMAND --help` lists each command's options")
     parser.add_argument("--version", action="version", version=f"packrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -231,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["sweep"]:  # its own parser (packrl.commands.sweep)
+        from packrl.commands import sweep
+
+        return sweep.main((sys.argv[1:] if argv is None else list(argv))[1:])
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["plot"]:  # likewise without torch
         from packrl.commands import plot
 
@@ -249,13 +289,16 @@ def _main(argv: list[str] | None = None) -> int:
             return commands.configs.run(args)
         config, preset = config_from_args(args)
         if args.command == "train":
-            from packrl.train.run import env_creator
+            from packrl.env_ids import env_creator  # not packrl.train.run: no torch before a bad env id
 
             if args.name is not None:
                 from packrl.run_folders import check_name
 
                 check_name(args.name)
             env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])
+            if args.env is None and args.resume is None and not args.env_from_file:
+                print(f"packrl train: no ENV given: training {config['env']['id']!r}, packrl's default env.id "
+                      "(name one: packrl train CartPole-v1)", file=sys.stderr)
             # the preset line comes once the run is set up (no line before an error found later); a resumed
             # run prints what it resumes instead: its recorded settings, not this command line's preset
             args.preamble = None if args.resume is not None else _preset_line(preset, config)
