@@ -1,0 +1,117 @@
+"""The search space of packrl sweep: the settings' default ranges, and every way a space file can be wrong."""
+import math
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packrl import config
+from packrl.errors import ConfigError
+from packrl.sweep.objective import Objective, parse_objective, report_points
+from packrl.sweep.space import default_space, load_space, space_from
+
+
+def test_every_default_range_is_declared_beside_its_setting_and_searchable():
+    space = default_space()
+    keys = {d.key for d in space.dimensions}
+    assert {"train.learning_rate", "train.gamma", "train.num_steps", "train.num_minibatches"} <= keys
+    by_key = {d.key: d for d in space.dimensions}
+    assert by_key["train.learning_rate"].scale == "log"
+    assert by_key["train.gamma"].scale == "log1m" and by_key["train.gamma"].param == "1-train.gamma"
+    assert by_key["train.num_steps"].choices and by_key["train.num_minibatches"].choices
+    for d in space.dimensions:  # each bound or choice is a value its setting accepts
+        setting = config.settings()[d.key]
+        assert setting.search is not None
+        for value in d.choices or (d.low, d.high):
+            setting.check(value)
+
+
+def test_suggested_values_stay_inside_their_ranges_and_gamma_is_log_in_one_minus_gamma():
+    space = space_from({"train": {"gamma": {"low": 0.9, "high": 0.999}}}, "s.toml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    gammas = []
+    for _ in range(200):
+        values = space.suggest(study.ask())
+        gamma = values["train"]["gamma"]
+        assert 0.9 <= gamma <= 0.999
+        gammas.append(gamma)
+        for d in space.dimensions:
+            section, _, name = d.key.partition(".")
+            v = values[section][name]
+            assert v in d.choices if d.choices else d.low - 1e-12 <= v <= d.high + 1e-12
+    # log-uniform in 1 - gamma over [0.001, 0.1]: half the draws above 0.99 (uniform in gamma: 1 in 11)
+    assert 0.4 < sum(g > 0.99 for g in gammas) / len(gammas) < 0.6
+
+
+def test_a_space_file_narrows_widens_fixes_and_skips(tmp_path):
+    path = tmp_path / "space.toml"
+    path.write_text('skip = ["train.ent_coef"]\n[train]\nlearning_rate = { low = 1e-4, high = 1e-3 }\n'
+                    'num_steps = { choices = [32, 64] }\nupdate_epochs = 4\n[policy]\nhidden = { choices = [32, 64] }\n'
+                    '[vec]\nnum_envs = 16\n')
+    space = load_space(path)
+    dims = {d.key: d for d in space.dimensions}
+    assert (dims["train.learning_rate"].low, dims["train.learning_rate"].high, dims["train.learning_rate"].scale) \
+        == (1e-4, 1e-3, "log")  # the scale kept from the default range
+    assert dims["train.num_steps"].choices == (32, 64)
+    assert dims["policy.hidden"].choices == (32, 64)
+    assert "train.ent_coef" not in dims and "train.update_epochs" not in dims
+    assert space.fixed == {"train": {"update_epochs": 4}, "vec": {"num_envs": 16}}
+    only = space_from({"defaults": False, "train": {"clip_coef": {"low": 0.1, "high": 0.3}}}, "s.toml")
+    assert [d.key for d in only.dimensions] == ["train.clip_coef"]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[train]\nlerning_rate = { low = 1e-4, high = 1e-3 }", ["unknown setting train.lerning_rate", "train.learning_rate"]),
+    ("[train]\nlearning_rate = { low = 1e-4, high = 1e-3, scale = \"logg\" }", ["unknown scale 'logg'"]),
+    ("[train]\nclip_coef = { low = 0.3, high = 0.1 }", ["low 0.3 > high 0.1"]),
+    ("[train]\nent_coef = { low = 0, high = 0.1, scale = \"log\" }", ["log range needs low > 0"]),
+    ("[train]\nnum_steps = { choices = [] }", ["empty categorical"]),
+    ("[train]\ngamma = { low = 0.9, high = 1.0, scale = \"log1m\" }", ["high < 1"]),
+    ("[train]\nclip_coef = { low = 0.1, hihg = 0.3 }", ["unknown key 'hihg'"]),
+    ("[train]\nnum_steps = { choices = [32, -1] }", ["train.num_steps"]),
+    ("[trian]\nclip_coef = 0.2", ["unknown section or key 'trian'"]),
+    ("[train]\nnorm_adv = { low = 0, high = 1 }", ["choices"]),
+    ("[train]\nlearning_rate = { low = 1e-4", ["not valid TOML"]),
+])
+def test_a_bad_space_file_is_one_line_naming_the_file_and_the_setting(tmp_path, text, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:  # SpaceError, or the setting's own ConfigError for a bad value
+        load_space(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message
+    for word in words:
+        assert word in message
+
+
+@settings(max_examples=60, deadline=None)
+@given(low=st.floats(-10, 10, allow_nan=False), high=st.floats(-10, 10, allow_nan=False),
+       scale=st.sampled_from(["linear", "log", "log1m"]))
+def test_any_float_range_is_either_searchable_inside_its_bounds_or_refused(low, high, scale):
+    table = {"train": {"vf_coef": {"low": low, "high": high, "scale": scale}}}
+    ok = 0 <= low <= high and (scale != "log" or low > 0) and (scale != "log1m" or high < 1)
+    if not ok:
+        with pytest.raises(ConfigError):
+            space_from(table, "s.toml")
+        return
+    space = space_from(table, "s.toml")
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    value = space.suggest(trial)["train"]["vf_coef"]
+    assert low - 1e-9 <= value <= high + 1e-9
+
+
+def test_objectives_from_history_rows():
+    rows = [{"global_step": 100 * i, "episode_return": float(r)} for i, r in enumerate([1, 5, 9, 12, 8, 20, 30, 25, 40, 50], 1)]
+    assert Objective("return", 1000).value(rows) == 50.0  # the last tenth of the steps: the last iteration
+    assert Objective("steps-to", 1000, 12).value(rows) == 400.0
+    assert Objective("steps-to", 1000, 99).value(rows) == 1000.0  # never reached: capped at the budget
+    assert Objective("steps-to", 1000, 99).intermediate(rows) > Objective("steps-to", 1000, 45).intermediate(rows)
+    assert Objective("return", 1000).value([{"global_step": 10}]) is None
+    assert parse_objective("steps-to:475", 10).threshold == 475
+    for bad in ("steps", "steps-to:", "steps-to:nan", "steps-to:abc"):
+        with pytest.raises(ConfigError):
+            parse_objective(bad, 10)
+    points = report_points(1000)
+    assert len(points) == 20 and points[-1] == 1000 and all(a < b for a, b in zip(points, points[1:]))
+    assert math.isclose(Objective("return", 1000).intermediate(rows), (25 + 40 + 50) / 3)  # the last 3 iterations
