@@ -35,8 +35,20 @@ def spec(name: str) -> NumbaEnv:
 
 
 def make(name: str, num_envs: int = 1, seed: int = 0, threads: int | None = None, **kwargs: Any) -> BatchedNumbaEnv:
-    """``num_envs`` copies of the env ``name`` stepped by one compiled call (see BatchedNumbaEnv)."""
-    return BatchedNumbaEnv(spec(name), num_envs, seed=seed, threads=threads, **kwargs)
+    """``num_envs`` copies of the env ``name`` stepped by one compiled call (see BatchedNumbaEnv; an env with
+    agents gives a BatchedNumbaAgents, one row per agent of each copy)."""
+    return batched(spec(name), num_envs, seed=seed, threads=threads, **kwargs)
+
+
+def batched(env: NumbaEnv, num_envs: int, **kwargs: Any) -> BatchedNumbaEnv:
+    """``num_envs`` copies of ``env``: a BatchedNumbaEnv, or a BatchedNumbaAgents for an env with agents."""
+    if getattr(env, "agents", ()):
+        from packrl.envs.numba_agents import BatchedNumbaAgents
+
+        return BatchedNumbaAgents(env, num_envs, **kwargs)
+    from packrl.envs.numba_env import BatchedNumbaEnv
+
+    return BatchedNumbaEnv(env, num_envs, **kwargs)
 
 
 def _cartpole() -> NumbaEnv:
@@ -51,7 +63,14 @@ def _gridworld() -> NumbaEnv:
     return gridworld_spec()
 
 
+def _simple_spread() -> NumbaEnv:
+    from packrl.envs.simple_spread import spec as simple_spread_spec
+
+    return simple_spread_spec()
+
+
 register("cartpole", _cartpole)
 register("gridworld", _gridworld)
+register("simple_spread", _simple_spread)
 
-__all__ = ["BatchedNumbaEnv", "NumbaEnv", "make", "names", "register", "spec"]
+__all__ = ["BatchedNumbaEnv", "NumbaEnv", "batched", "make", "names", "register", "spec"]

@@ -97,6 +97,11 @@ class NumbaEnv:
     max_episode_steps: int | None = None
     allow_nan: bool = False
     description: str = field(default="", compare=False)
+    agents: tuple = ()
+    """The agents of one copy (PettingZoo's ``possible_agents``), each with ``observation_space`` and
+    ``action_space``; empty: one agent and the single-agent kernels above. With agents the kernels are
+    ``reset(state, obs, live, rng)`` and ``step(state, actions, obs, rewards, terminated, truncated, live, rng)``
+    (:mod:`packrl.envs.numba_agents`)."""
 
     def __post_init__(self) -> None:
         for role in ("reset", "step"):
@@ -112,6 +117,8 @@ class NumbaEnv:
                 _as_shape(shape), np.dtype(dtype)
             except (TypeError, ValueError):
                 raise EnvError(f"numba env {self.name!r}: state field {key!r} must be (shape, dtype), got {spec!r}") from None
+        if len(set(self.agents)) != len(self.agents) or any(not isinstance(a, str) or not a for a in self.agents):
+            raise EnvError(f"numba env {self.name!r}: agents must be distinct non-empty names, got {list(self.agents)}")
         if self.max_episode_steps is not None and int(self.max_episode_steps) <= 0:
             raise EnvError(f"numba env {self.name!r}: max_episode_steps must be positive, got {self.max_episode_steps}")
 
@@ -466,6 +473,9 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
                  episode_infos: bool = False, max_episode_steps: int | None = None):
         if not isinstance(env, NumbaEnv):
             raise EnvError(f"BatchedNumbaEnv takes a NumbaEnv, got {type(env).__name__}")
+        if env.agents and type(self) is BatchedNumbaEnv:
+            raise EnvError(f"numba env {env.name!r} has agents {list(env.agents)}: use packrl.envs.make or "
+                           "packrl.envs.numba_agents.BatchedNumbaAgents")
         if max_episode_steps is not None:  # the env's own time limit, replaced (as gymnasium.make's argument)
             if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, (int, np.integer)) \
                     or max_episode_steps < 1:
@@ -489,7 +499,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         self._action_shapes = self._policy_shapes(action)
         single = action.kind != "hybrid"
         self._fast_dtype = self._action_shapes[0][1] if single else None
-        self._fast_shape = (int(num_envs), *self._action_shapes[0][0]) if single else None
+        self._fast_shape = (self.num_agents, *self._action_shapes[0][0]) if single else None
         self._source = KernelSource(env, layout, action, self.passthrough)
         self.threads = self._choose_threads(threads)
         self.thread_choice = ThreadChoice(self.threads) if threads is None and self.threads > 1 else None
@@ -514,7 +524,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
 
     def _choose_threads(self, threads: int | None) -> int:
         if threads is None:
-            return numba.config.NUMBA_NUM_THREADS if self.num_envs >= PARALLEL_MIN_ENVS else 1
+            return numba.config.NUMBA_NUM_THREADS if self.num_agents >= PARALLEL_MIN_ENVS else 1
         if int(threads) < 1:
             raise EnvError(f"numba env {self.name!r}: threads must be None or >= 1, got {threads}")
         return min(int(threads), numba.config.NUMBA_NUM_THREADS)
@@ -560,7 +570,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
     def _compile_module(self, m: Any) -> list[CompileRecord]:
         # chunks per thread: a few, so a slow chunk does not hold the others up
         self._parallel_tail = (*self._step_tail, np.int64(4 * self.threads))
-        dummy = tuple(np.zeros((self.num_envs, *shape), dtype) for shape, dtype in self._action_shapes)
+        dummy = tuple(np.zeros((self.num_agents, *shape), dtype) for shape, dtype in self._action_shapes)
         records = []
         if self.threads == 1 or self.thread_choice is not None:
             records.append(compile_kernel(self.name, m.step_serial, (*dummy, *self._step_tail)))
@@ -690,9 +700,9 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
 
     def _action_array(self, value: Any, shape: tuple, dtype: np.dtype, part: str) -> np.ndarray:
         arr = value if type(value) is np.ndarray else np.asarray(value)
-        want = (self.num_envs, *shape)
+        want = (self.num_agents, *shape)
         if arr.shape != want:
-            if arr.size == int(np.prod(want)) and arr.ndim and arr.shape[0] == self.num_envs:
+            if arr.size == int(np.prod(want)) and arr.ndim and arr.shape[0] == self.num_agents:
                 arr = arr.reshape(want)  # (n, 1) discrete actions, as some policies emit them
             else:
                 raise EmulationError(f"numba env {self.name!r}: {part} actions must have shape {want}, got {arr.shape}")

@@ -35,4 +35,6 @@ def make_numba(env: Any, num_envs: int, seed: int = 0, threads: int | None = Non
     """``num_envs`` copies of ``env`` in one batched env (copy j seeded with ``seed + j``).
     ``threads``: None picks serial or prange by batch size; 1 forces serial; k > 1 uses k threads.
     ``episode_infos=True`` adds the ended episodes' returns and lengths to ``infos``."""
-    return BatchedNumbaEnv(resolve(env), num_envs, seed=seed, threads=threads, **kw)
+    from packrl.envs import batched
+
+    return batched(resolve(env), num_envs, seed=seed, threads=threads, **kw)
