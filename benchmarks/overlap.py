@@ -70,8 +70,7 @@ def main() -> None:
                     times[overlap].append(collect_ms(ppo))
             sync, over = (statistics.median(times[o]) for o in (False, True))
             for ppo in runs.values():
-                if ppo._overlap is not None:
-                    ppo._overlap.close()
+                ppo.driver.close()
                 ppo.env.close()
             rows.append([env_id, f"{n:,}", str(same), f"{sync:.1f}", f"{over:.1f}", f"{sync / over:.2f}x",
                          f"{n * STEPS / sync:,.1f}k", f"{n * STEPS / over:,.1f}k"])

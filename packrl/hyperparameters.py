@@ -38,7 +38,7 @@ class PPOConfig:
     bootstrap_truncation: bool = True  # False ORs truncation into termination (the common bug), for ablations
     bptt_horizon: int | None = None  # recurrent segment length (default: num_steps)
     bf16: bool = False  # bfloat16 autocast for forward passes
-    cuda_graphs: bool = True  # on CUDA, each rollout step's forward + sampling replayed as a captured CUDA graph
+    cuda_graphs: bool = False  # on CUDA, each rollout step replayed as a captured CUDA graph (opt-in until shown on a GPU)
     overlap: bool = False  # step one half of the envs while the policy runs for the other (envs made in halves)
     compile: bool = False  # torch.compile the minibatch loss (and the rollout forward off CPU); seconds to compile
     seed: int = 0

@@ -82,7 +82,7 @@ def test_same_seed_gives_the_same_checkpoint_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("network,env_id", [("mlp", "gridworld"), ("lstm", "gridworld"), ("mlp", "cartpole")])
 def test_rollout_as_cuda_graphs_stores_what_the_eager_rollout_stores(network, env_id):
-    """The rollout's steps replayed as captured CUDA graphs (the default on CUDA) fill storage exactly as the eager
+    """The rollout's steps replayed as captured CUDA graphs (``cuda_graphs``) fill storage exactly as the eager
     steps do, over two rollouts with an update between them (the graphs read the updated weights in place) and
     episode ends inside them; the staged env arrays, final values and next values included."""
     from packrl import vector
@@ -97,7 +97,7 @@ def test_rollout_as_cuda_graphs_stores_what_the_eager_rollout_stores(network, en
         ppo.collect()
         ppo.update()
         ppo.collect()
-        assert bool(ppo._graphs) == graphs
+        assert ppo.graphs.captured == graphs
         return ppo
 
     a, b = run(False), run(True)
@@ -117,7 +117,7 @@ def test_ops_per_rollout_step_on_cuda_are_graph_replays():
     from packrl.train.ppo import PPO, PPOConfig
 
     env = vector.make("gridworld", 256, backend="numba", seed=0)
-    ppo = PPO(env, Policy.from_env(env, hidden=64), PPOConfig(num_steps=32, device="cuda"))
+    ppo = PPO(env, Policy.from_env(env, hidden=64), PPOConfig(num_steps=32, device="cuda", cuda_graphs=True))
     ppo.collect()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -62,8 +62,7 @@ def _iterations(env_id: str, overlap: bool, max_episode_steps: int | None, itera
             stats.append(ppo.update())
         return stored, stats, [p.detach().clone() for p in ppo.policy.parameters()]
     finally:
-        if ppo._overlap is not None:
-            ppo._overlap.close()
+        ppo.driver.close()
         ppo.env.close()
 
 
@@ -101,12 +100,12 @@ def test_what_overlap_cannot_run_is_refused_with_one_line():
 def test_an_env_error_in_the_worker_thread_reaches_the_caller_and_names_the_env():
     ppo = _run("cartpole", True, 4, None)
     try:
-        ppo._action_host[0][...] = 7  # CartPole has 2 actions: the env refuses step 0's actions of each half
-        ppo._overlap.sampler = lambda *args: None  # keep the bad actions the policy would overwrite
+        ppo.storage.host_actions(0)[...] = 7  # CartPole has 2 actions: the env refuses step 0's actions of each half
+        ppo.driver.sampler = lambda *args: None  # keep the bad actions the policy would overwrite
         with pytest.raises(Exception, match="env index"):
             ppo.collect()
     finally:
-        ppo._overlap.close()
+        ppo.driver.close()
         ppo.env.close()
 
 

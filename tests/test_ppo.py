@@ -166,7 +166,7 @@ def test_host_staging_path_stores_what_the_numpy_path_stores(network):
         torch.manual_seed(0)
         cls = type("StagedPPO", (PPO,), {"stage_on_host": True}) if staging else PPO
         ppo = cls(env, Policy.from_env(env, network=network, hidden=8), PPOConfig(num_steps=12, seed=0))
-        assert (ppo._staged is not None) == staging
+        assert ppo.storage.staged == staging
         ppo.collect()
         ppo.collect()
         return ppo

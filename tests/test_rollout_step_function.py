@@ -122,7 +122,8 @@ def test_a_run_with_the_fast_forms_equals_one_without(env_id):
             if hook:
                 policy.network.register_forward_pre_hook(lambda *args: None)
             ppo = PPO(env, policy, PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2, device="cpu", seed=3))
-            assert (ppo._rollout_step_function(ppo._step_views[0][0]) is None) == hook
+            ppo.step.prepare(ppo.storage.views(0).obs)
+            assert (ppo.step.step_function is None) == hook
             assert (ppo._training_forward_function(ppo.obs) is None) == hook
             for _ in range(2):
                 ppo.collect()

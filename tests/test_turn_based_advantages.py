@@ -143,7 +143,7 @@ def test_ppo_on_tictactoe_trains_each_agent_on_its_own_turns():
     env = vector.make(tictactoe_v3.env, 4, seed=0)
     ppo = PPO(env, Policy.from_env(env, hidden=32), PPOConfig(num_steps=12, gamma=GAMMA, gae_lambda=LAMBDA))
     ppo.collect()
-    next_masks = ppo._slots["mask"][12].numpy()
+    next_masks = ppo.storage.next_masks.numpy()
     assert not next_masks.all()  # some agent waits after the rollout
     adv, _ = ppo.advantages()
     ref, trained = per_agent_reference(ppo.values.double().numpy(), ppo.rewards.double().numpy(), ppo.terminals.numpy(),
@@ -154,7 +154,7 @@ def test_ppo_on_tictactoe_trains_each_agent_on_its_own_turns():
     assert (ppo.masks.numpy() & ~trained).any()  # a pending decision was left out
     ppo.next_value[~torch.from_numpy(next_masks)] = 1e6  # V(zero row) of the waiting agents
     ppo.train_masks, ppo.train_rewards, ppo.bootstrap_value = cut_pending_decisions(
-        ppo.values, ppo.rewards, ppo.terminals, ppo.truncations, ppo.masks, ppo.next_value, ppo._slots["mask"][12])
+        ppo.values, ppo.rewards, ppo.terminals, ppo.truncations, ppo.masks, ppo.next_value, ppo.storage.next_masks)
     np.testing.assert_allclose(ppo.advantages()[0].double().numpy(), ref, atol=1e-5)
     ppo.update()
     env.close()

@@ -17,55 +17,56 @@ ones the handoff costs more than it hides (benchmarks/overlap.py).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from packrl.errors import UsageError
+from packrl.train.rollout import PolicyStep
+from packrl.train.storage import RolloutStorage, StepViews
 
-if TYPE_CHECKING:
-    from packrl.train.ppo import PPO
 
+class OverlappedRollout:
+    """The overlapped rollout over ``storage``: ``run(steps)`` fills it as ``SynchronousRollout.run`` would."""
 
-class Overlap:
-    """The overlapped rollout of ``ppo``: ``run()`` fills its storage as ``PPO.collect``'s loop would."""
-
-    def __init__(self, ppo: "PPO"):
-        env = ppo.env
+    def __init__(self, env: Any, storage: RolloutStorage, step: PolicyStep):
         if not hasattr(env, "halves"):
             raise UsageError("train.overlap steps the envs in two halves: make them with vector.make(..., "
                              "backend='numba', halves=True) (packrl train does this for its Numba envs)")
-        if ppo.recurrent:
+        if step.recurrent:
             raise UsageError("train.overlap runs the policy for half of the rows at a time, which a recurrent "
                              "policy's state does not allow: use an mlp network or overlap = false")
-        if ppo._spec is None or not ppo._action_host:
+        if storage.spec is None or not storage.draws_choices:
             raise UsageError("train.overlap needs discrete actions (Discrete or MultiDiscrete) and packrl's decoder")
-        self.ppo, self.halves, self.rows = ppo, env.halves, env.rows
-        T, n, device = ppo.config.num_steps, env.rows[0].stop, ppo.device
-        self.views = [[(ppo._slots["obs"][t][r], ppo.logprobs[t][r], ppo._value_columns[t][r], ppo._noise_views[t][r],
-                        ppo._choice_views[t][r]) for r in self.rows] for t in range(T)]
-        self.actions_host = [[host[r] for r in self.rows] for host in ppo._action_host]
-        self.sampler = ppo._spec.step_sampler(n, device)
-        self.step_function: Callable | None = None  # the policy's, for one half's rows; PPO.collect makes it
+        self.storage, self.step, self.halves, self.rows = storage, step, env.halves, env.rows
+        T, n, device = storage.num_steps, env.rows[0].stop, storage.device
+        self.views = [[storage.views(t, r) for r in self.rows] for t in range(T)]
+        self.sampler = storage.spec.step_sampler(n, device)
         self.cuda = device.type == "cuda"
         self.events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else []
         self.pool = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="packrl-envs")
+        self.rollout_step: int | None = None  # the step run() is at, None outside a rollout
+        # the policy's work of every (t, half), in rollout order: what CUDA graphs capture
+        self.eager_steps: list[Callable[[], None]] = [partial(self.policy_step, t, h) for t in range(T) for h in (0, 1)]
 
-    def graph_steps(self) -> list[Callable[[], None]]:
-        """The policy's work of every (t, half), in rollout order: what ``PPO`` captures as CUDA graphs."""
-        T = self.ppo.config.num_steps
-        return [lambda t=t, h=h: self.policy_step(t, h) for t in range(T) for h in (0, 1)]
+    def first_views(self) -> StepViews:
+        """The views of the first policy call (one half's rows: what ``PolicyStep.prepare`` shapes for)."""
+        return self.views[0][0]
 
-    def run(self) -> None:
-        ppo = self.ppo
+    def check(self) -> None:
+        """Nothing to refuse per rollout (the halves reset on their own: same-step autoreset)."""
+
+    def run(self, steps: list[Callable[[], None]]) -> None:
+        """The rollout, ``steps[2 * t + h]()`` doing the policy work of step t, half h (eager or a graph replay)."""
         pending: tuple[int, int] | None = None
-        for t in range(ppo.config.num_steps):
-            ppo.rollout_step = t
+        for t in range(self.storage.num_steps):
+            self.rollout_step = t
             for h in (0, 1):
                 job: Future | None = self.pool.submit(self.env_step, *pending) if pending and self.pool else None
                 try:
-                    self.launch(t, h)
+                    self.launch(steps[2 * t + h], t, h)
                 finally:
                     if job is not None:
                         job.result()
@@ -73,39 +74,28 @@ class Overlap:
                     self.env_step(*pending)
                 pending = (t, h)
         self.env_step(*pending)
+        self.rollout_step = None
 
-    def launch(self, t: int, h: int) -> None:
-        """The policy for half ``h`` at step ``t`` (a graph replay on CUDA), then on CUDA its actions' copy to the
-        host, queued, with an event that the env step of this half waits for."""
-        ppo = self.ppo
-        if ppo._graphs:
-            ppo._graphs[2 * t + h].replay()
-        else:
-            self.policy_step(t, h)
-        if ppo._actions_pinned is not None:  # staged on the host (CUDA; PPO.stage_on_host on CPU)
-            rows = self.rows[h]
-            ppo._actions_pinned[t][rows].copy_(ppo._action_views[t][rows], non_blocking=True)
-            if self.cuda:
-                self.events[h].record()
+    def launch(self, policy_step: Callable[[], None], t: int, h: int) -> None:
+        """The policy for half ``h`` at step ``t``, then (staged) its actions' copy to the host, queued, with an
+        event on CUDA that the env step of this half waits for."""
+        policy_step()
+        self.storage.queue_actions(t, self.rows[h])
+        if self.cuda:
+            self.events[h].record()
 
     def policy_step(self, t: int, h: int) -> None:
-        """``PPO._policy_step`` for the rows of half ``h``: forward, value into storage, sample into storage."""
-        obs, logprob, value, noise, choice = self.views[t][h]
-        if self.step_function is not None:
-            logits = self.step_function(obs, value)
-        else:
-            logits, values, _ = self.ppo._rollout_forward(obs, (), None)
-            value.copy_(values.reshape(value.shape))
-        self.ppo._sample_choices(logits, self.sampler, noise, choice, logprob)
+        """``PolicyStep`` for the rows of half ``h``: forward, value into storage, sample into storage."""
+        self.step.rows(self.views[t][h], self.sampler)
 
     def env_step(self, t: int, h: int) -> None:
         """Step half ``h``'s envs with their actions of step ``t`` and write what they return into storage."""
-        ppo, half, rows = self.ppo, self.halves[h], self.rows[h]
+        storage, half, rows = self.storage, self.halves[h], self.rows[h]
         if self.cuda:
             self.events[h].synchronize()
-        obs, rewards, terminals, truncations, _ = half.step(self.actions_host[t][h])
-        ppo._store_outcome(t, rewards, terminals, truncations, half.final_observations, rows)
-        ppo._store_next(t, obs, half.masks, np.logical_or(terminals, truncations), rows)
+        obs, rewards, terminals, truncations, _ = half.step(storage.host_actions(t, rows))
+        storage.store_outcome(t, rewards, terminals, truncations, half.final_observations, (), rows)
+        storage.store_next(t, obs, half.masks, np.logical_or(terminals, truncations), rows)
 
     def close(self) -> None:
         if self.pool is not None:
