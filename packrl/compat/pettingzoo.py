@@ -24,12 +24,14 @@ Turn-based AEC envs (``emulate(aec_env)``) are refused: their rows hold only the
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
+from packrl.emulation.values import short
 from packrl.errors import UsageError
 
 APIS = ("parallel", "aec")
@@ -80,6 +82,9 @@ class PackedParallelEnv(ParallelEnv):
                 {agent: _info(infos, agent) for agent in self.agents})
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        if not isinstance(actions, Mapping):  # the emulation also takes a row batch; a ParallelEnv takes a dict
+            raise UsageError(f"{self}.step: actions={short(actions, 60)} ({type(actions).__name__}); a PettingZoo "
+                             f"ParallelEnv takes a dict {{agent: action}} for the agents {self.agents}")
         before = self.agents
         rows, rewards, terminals, truncations, infos = self.env.step(actions)
         final = self.env.final_observations

@@ -29,6 +29,7 @@ How a learner reads the buffers (both kinds):
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -153,6 +154,7 @@ class ParallelEmulation(_AgentRows):
         self._alive: list[int] = []  # rows of the agents that act next step
         self._ended = [True] * self.num_agents  # per row: the agent ended (or has not appeared yet)
         self._done = True
+        self._warned_infos = False
 
     @property
     def done(self) -> bool:
@@ -183,7 +185,21 @@ class ParallelEmulation(_AgentRows):
         obs, rewards, terminations, truncations, infos = checked_parallel_step(
             self.env.step(native), self.env, live)
         self._record(obs, rewards, terminations, truncations)
-        return self.observations, self.rewards, self.terminals, self.truncations, infos
+        return self.observations, self.rewards, self.terminals, self.truncations, self._all_infos(infos, live)
+
+    def _all_infos(self, infos: dict, live: list) -> dict:
+        """``infos`` with ``{}`` for each agent that acted and has no entry (multigrid returns an empty
+        ``defaultdict(dict)``; PettingZoo's own API test only warns): nothing is lost, so one warning per env."""
+        missing = [agent for agent in live if agent not in infos]
+        if not missing:
+            return infos
+        if not self._warned_infos:
+            self._warned_infos = True
+            warnings.warn(f"packrl: {env_name(self.env)}: step() returned infos without agent {missing[0]!r}"
+                          + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+                          + ", which was alive and acted; a missing info reads as {} (warned once per env)",
+                          RuntimeWarning, stacklevel=3)
+        return {**infos, **{agent: {} for agent in missing}}
 
     def _record(self, obs: dict, rewards: dict, terminations: dict, truncations: dict) -> None:
         """Write one step's outputs into the rows. Plain Python per reported agent: with the few to

@@ -148,9 +148,9 @@ def checked_info(info: Any, env: Any, method: str = "step()", who: str = "") -> 
 
 
 def checked_parallel_step(result: Any, env: Any, live: list) -> tuple:
-    """A PettingZoo Parallel step's five dicts, rewards, terminations, truncations and infos each holding a
-    key for every agent in ``live`` (the agents that acted), each info a dict; else EmulationError naming the
-    env, the dict and the agent."""
+    """A PettingZoo Parallel step's five dicts, rewards, terminations and truncations each holding a key for
+    every agent in ``live`` (the agents that acted), each info present a dict; else EmulationError naming the
+    env, the dict and the agent. Infos may leave agents out (the caller reads them as ``{}``)."""
     obs, rewards, terminations, truncations, infos = checked_step(result, env, parallel=True)
     wanted = set(live)  # compared with each dict's keys in C
     for name, value in (("observations", obs), ("rewards", rewards), ("terminations", terminations),
@@ -158,7 +158,7 @@ def checked_parallel_step(result: Any, env: Any, live: list) -> tuple:
         if not isinstance(value, dict):
             raise ReturnShapeError(f"{env_name(env)}: step() returned {name}={_value(value)}; it must be a dict "
                                  "keyed by agent")
-        if name != "observations" and not value.keys() >= wanted:
+        if name not in ("observations", "infos") and not value.keys() >= wanted:  # a missing info loses nothing
             missing = [agent for agent in live if agent not in value]
             if missing:
                 raise ReturnShapeError(f"{env_name(env)}: step() returned {name} without agent {missing[0]!r}, which "
