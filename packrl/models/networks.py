@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from packrl.torch_private import fused_gru, fused_lstm
+
 State = tuple[torch.Tensor, ...]
 
 ACTIVATIONS: dict[str, tuple] = {"relu": (torch.relu, nn.ReLU), "tanh": (torch.tanh, nn.Tanh)}
@@ -133,7 +135,8 @@ class _Recurrent(nn.Module):
     """Shared parts of LSTM and GRU: PyTorch's parameter shapes and gate order (``gates`` gates),
     orthogonal weights, zero biases. The parameters are plain (no ``nn.LSTM`` module) because
     Dynamo refuses to trace RNN modules; the fused kernel is still used in eager mode for
-    sequences without resets (``torch._VF``, what ``nn.LSTM`` calls; Inductor cannot compile it)."""
+    sequences without resets (what ``nn.LSTM`` calls, through ``packrl.torch_private``; Inductor cannot compile
+    it), and the cell is stepped where this torch has no such kernel."""
 
     gates = 1
 
@@ -182,10 +185,10 @@ class LSTM(_Recurrent):
 
     def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         h, c = state
-        if self._fused(done):
-            y, h, c = torch._VF.lstm(x, (h.unsqueeze(0), c.unsqueeze(0)), self._params, True, 1, 0.0,
-                                     self.training, False, True)
-            return y, (h[0], c[0])
+        fused = fused_lstm(x, h, c, self._params, self.training) if self._fused(done) else None
+        if fused is not None:
+            y, h, c = fused
+            return y, (h, c)
         gates_x, keep, outputs = self._input(x), _keep(done, h), []
         for t in range(x.shape[1]):
             if keep is not None:
@@ -223,9 +226,10 @@ class GRU(_Recurrent):
 
     def sequence(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         (h,) = state
-        if self._fused(done):
-            y, h = torch._VF.gru(x, h.unsqueeze(0), self._params, True, 1, 0.0, self.training, False, True)
-            return y, (h[0],)
+        fused = fused_gru(x, h, self._params, self.training) if self._fused(done) else None
+        if fused is not None:
+            y, h = fused
+            return y, (h,)
         gates_x, keep, outputs = self._input(x), _keep(done, h), []
         for t in range(x.shape[1]):
             if keep is not None:

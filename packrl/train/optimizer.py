@@ -7,12 +7,13 @@ into the other.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+
+from packrl.torch_private import adam_ops, fused_adam, fused_adam_runs
 
 EPS = 1e-5  # CleanRL's Adam eps
 
@@ -31,7 +32,8 @@ class FlatAdam:
     second, which backward accumulates into in place. Zeroing, clipping and the update are then a few
     whole-buffer operations, where torch.optim.Adam.step's per-parameter bookkeeping costs a small PPO network
     more than its arithmetic (benchmarks/README.md, issue 21). The update is torch's fused Adam kernel where this
-    torch has one for the buffer's device (``torch._fused_adam_``: one op), else seven whole-buffer ops.
+    torch has one for the buffer's device (one op, ``packrl.torch_private.fused_adam``), else seven whole-buffer
+    ops (``adam_ops``, public torch).
 
     A parameter that gets no gradient in a step keeps a zero gradient, so it moves only by its first moment
     (torch.optim.Adam skips it instead); a frozen parameter never gets one and never moves."""
@@ -59,7 +61,7 @@ class FlatAdam:
         self._attach_grads()
         self.steps = 0
         self._step_count = torch.zeros((), dtype=torch.float32, device=self.flat.device)
-        self._fused = _fused_adam_runs(self.flat)
+        self._fused = fused_adam_runs(self.flat)
         self.param_groups = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "amsgrad": False,
                               "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
                               "fused": None}]
@@ -100,15 +102,11 @@ class FlatAdam:
         self.steps += 1
         if self._fused:  # one kernel for the whole update (torch.optim.Adam(fused=True)'s, without its bookkeeping)
             self._step_count.fill_(self.steps)
-            torch._fused_adam_([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_count],
-                               lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"],
-                               amsgrad=False, maximize=False)
+            fused_adam(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, self._step_count, group["lr"], beta1,
+                       beta2, group["eps"])
             return
-        self.exp_avg.lerp_(self.grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
-        bias_correction2_sqrt = math.sqrt(1 - beta2 ** self.steps)
-        torch.sqrt(self.exp_avg_sq, out=self._denom).div_(bias_correction2_sqrt).add_(group["eps"])
-        self.flat.addcdiv_(self.exp_avg, self._denom, value=-group["lr"] / (1 - beta1 ** self.steps))
+        adam_ops(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, self.steps, group["lr"], beta1, beta2,
+                 group["eps"], self._denom)
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim.Adam's format: per-parameter ``step``, ``exp_avg``, ``exp_avg_sq`` (copies)."""
@@ -187,18 +185,3 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     for g in grads:
         g.mul_(scale)
     return total
-
-
-def _fused_adam_runs(like: torch.Tensor) -> bool:
-    """Whether torch's fused Adam kernel (``torch._fused_adam_``, what ``torch.optim.Adam(fused=True)`` calls) runs
-    on ``like``'s device and dtype in this torch (CPU from torch 2.4): tried once on a two-element buffer."""
-    if not hasattr(torch, "_fused_adam_"):
-        return False
-    param, grad, exp_avg, exp_avg_sq = (torch.zeros(2, dtype=like.dtype, device=like.device) for _ in range(4))
-    try:
-        torch._fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [],
-                           [torch.ones((), dtype=torch.float32, device=like.device)], lr=1e-3, beta1=0.9, beta2=0.999,
-                           weight_decay=0.0, eps=EPS, amsgrad=False, maximize=False)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-    return True
