@@ -257,6 +257,11 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         self._reset_tail = self._step_tail
 
     @property
+    def episode_steps(self) -> np.ndarray:
+        """Steps into its current episode, per copy (0 right after a reset, a same-step autoreset included)."""
+        return self._lengths
+
+    @property
     def compile_report(self) -> str:
         return super().compile_report.replace(f"x{self.num_envs} (", f"x{self.num_envs} copies of {self.agents_per_env} agents (")
 

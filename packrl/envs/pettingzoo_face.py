@@ -1,0 +1,132 @@
+"""One copy of any Numba env as a PettingZoo env: ``parallel_env("simple_spread")`` or ``aec_env("cartpole")``.
+
+The copy is a one-copy batched env (``threads=1``) seen through PettingZoo's API with the env's own spaces: native
+observations (the env's ``observation_space``, unpacked from the row, a copy) and native actions (checked against
+``action_space``, then given to the kernel in its policy-facing form). A single-agent env has one agent,
+``"agent_0"``. The batched env resets a copy whose agents all ended within the same step; this face hides that:
+the step reports each ended agent's final observation, ``agents`` becomes empty, and ``reset`` starts the next
+episode. ``aec_env`` is PettingZoo's own ``parallel_to_aec`` over the Parallel form (no Numba env moves in turns yet).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo.utils.env import ParallelEnv
+
+from packrl.envs.numba_env import NumbaEnv
+from packrl.errors import EmulationError, UsageError
+
+SINGLE_AGENT = "agent_0"
+
+
+class NumbaParallelEnv(ParallelEnv):
+    """PettingZoo's ``ParallelEnv`` over one copy of a Numba env (see the module docstring)."""
+
+    def __init__(self, env: Any, seed: int = 0, **kwargs: Any):
+        from packrl.envs import batched
+        from packrl.vector.numba_backend import resolve
+
+        spec: NumbaEnv = resolve(env)
+        self.numba_env = spec
+        self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
+        self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
+        self.agents: list = []
+        self._row = {agent: row for row, agent in enumerate(self.possible_agents)}
+        self._observation_spaces = {agent: spec.observation_space for agent in self.possible_agents}
+        self._action_spaces = {agent: spec.action_space for agent in self.possible_agents}
+        self._layout, self._action = self.batched.emulated.observation, self.batched.emulated.action
+        self.metadata = {"name": f"packrl_numba_{spec.name}", "is_parallelizable": True, "render_modes": []}
+        self.render_mode = None
+
+    def observation_space(self, agent: Any) -> spaces.Space:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: Any) -> spaces.Space:
+        return self._action_spaces[agent]
+
+    def _native(self, row: np.ndarray) -> Any:
+        if self.batched.passthrough:
+            return row.copy()
+        return self._layout.to_native(self._layout.unpack(row))
+
+    def _alive(self) -> list:
+        return [self.possible_agents[row] for row in np.flatnonzero(self.batched.masks).tolist()]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        rows, _ = self.batched.reset(seed=seed)
+        self.agents = self._alive()
+        return {agent: self._native(rows[self._row[agent]]) for agent in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        if not isinstance(actions, Mapping):
+            raise UsageError(f"{self}.step: a PettingZoo ParallelEnv takes a dict {{agent: action}} for the agents "
+                             f"{self.agents}, got {type(actions).__name__}")
+        for agent in actions:
+            if agent not in self.agents:
+                raise EmulationError(f"{self}: action given for agent {agent!r}, which is not alive "
+                                     f"(alive: {self.agents})")
+        missing = [agent for agent in self.agents if agent not in actions]
+        if missing:
+            raise EmulationError(f"{self}: no action given for agent(s) {missing}, which must act this step")
+        batch = self._policy_batch(actions)
+        before = self.agents
+        rows, rewards, terminals, truncations, _ = self.batched.step(batch)
+        final = self.batched.final_observations
+        obs, rew, term, trunc = {}, {}, {}, {}
+        for agent in before:
+            row = self._row[agent]
+            ended = bool(terminals[row] or truncations[row])
+            obs[agent] = self._native(final[row] if ended else rows[row])
+            rew[agent] = float(rewards[row])
+            term[agent], trunc[agent] = bool(terminals[row]), bool(truncations[row])
+        over = all(term[a] or trunc[a] for a in before) if not self.numba_env.agents else self.batched.episode_steps[0] == 0
+        self.agents = [] if over else self._alive()
+        for agent in self.agents:
+            if agent not in obs:  # joined at this step
+                obs[agent] = self._native(rows[self._row[agent]])
+        return obs, rew, term, trunc, {agent: {} for agent in before}
+
+    def _policy_batch(self, actions: Mapping) -> Any:
+        """The agents' native actions (checked against the space) as the kernel's policy-facing rows."""
+        n = len(self.possible_agents)
+        encoded = {}
+        for agent, native in actions.items():
+            if not self._action_spaces[agent].contains(native):
+                raise EmulationError(f"{self}: action {native!r} of agent {agent!r} is outside its action space "
+                                     f"{self._action_spaces[agent]}")
+            encoded[self._row[agent]] = self._action.encode(native)
+        if self._action.kind == "hybrid":
+            disc = np.zeros((n, self._action.num_discrete), np.int64)
+            cont = np.zeros((n, self._action.num_continuous), self._action.continuous_dtype)
+            for row, value in encoded.items():
+                disc[row], cont[row] = value["discrete"], value["continuous"]
+            return {"discrete": disc, "continuous": cont}
+        shape, dtype = self.batched._action_shapes[0]
+        batch = np.zeros((n, *shape), dtype)
+        for row, value in encoded.items():
+            batch[row] = value
+        return batch
+
+    def render(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.batched.close()
+
+    def __str__(self) -> str:
+        return self.metadata["name"]
+
+
+def parallel_env(env: Any, seed: int = 0, **kwargs: Any) -> NumbaParallelEnv:
+    """One copy of a Numba env (a NumbaEnv or a registered name) as a PettingZoo ParallelEnv."""
+    return NumbaParallelEnv(env, seed=seed, **kwargs)
+
+
+def aec_env(env: Any, seed: int = 0, **kwargs: Any) -> Any:
+    """One copy of a Numba env as a PettingZoo AECEnv (PettingZoo's ``parallel_to_aec`` of the Parallel form)."""
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    return parallel_to_aec(NumbaParallelEnv(env, seed=seed, **kwargs))
