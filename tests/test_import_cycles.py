@@ -35,16 +35,24 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, int]]:
-    """(absolute dotted name, line) of every import in ``tree``, ``if TYPE_CHECKING:`` bodies left out.
-    ``from X import y`` gives ``X.y`` (the caller keeps it if it is a module, else falls back to X)."""
+def imported_names(tree: ast.AST, module: str, is_package: bool,
+                   type_checking: bool = False) -> list[tuple[str, int]]:
+    """(absolute dotted name, line) of every import in ``tree``, ``if TYPE_CHECKING:`` bodies left out
+    (``type_checking=True``: only those bodies' imports). ``from X import y`` gives ``X.y`` (the caller keeps it
+    if it is a module, else falls back to X)."""
     found: list[tuple[str, int]] = []
     package = module if is_package else module.rpartition(".")[0]
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.AST, inside: bool = False) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
             for child in node.orelse:
-                visit(child)
+                visit(child, inside)
+            return
+        if inside != type_checking:
+            for child in ast.iter_child_nodes(node):
+                visit(child, inside)
             return
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno) for alias in node.names)
@@ -56,21 +64,23 @@ def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[s
             found.append((base, node.lineno))
             found.extend((f"{base}.{alias.name}", node.lineno) for alias in node.names if alias.name != "*")
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            visit(child, inside)
 
     visit(tree)
     return found
 
 
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
-    """module -> {imported module of the same package: line of the first such import}."""
+def import_graph(root: Path, type_checking: bool = False) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the same package: line of the first such import} (``type_checking=True``:
+    the imports under ``if TYPE_CHECKING:`` only)."""
     modules = module_names(root)
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
         is_package = path.name == "__init__.py"
         edges: dict[str, int] = {}
-        for target, line in imported_names(ast.parse(path.read_text(), str(path)), name, is_package):
+        tree = ast.parse(path.read_text(), str(path))
+        for target, line in imported_names(tree, name, is_package, type_checking):
             if target not in modules:
                 continue  # another library, or a name imported from a module (its module is listed too)
             parts = target.split(".")
@@ -113,6 +123,61 @@ def test_packrl_has_no_import_cycle():
     assert len(graph) > 50 and "packrl.vector.base" in graph  # the walk found the package
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle in packrl: {describe(cycle, graph)}"
+
+
+def reaches(graph: dict[str, dict[str, int]], start: str, goal: str) -> bool:
+    """Whether ``goal`` is reachable from ``start`` along ``graph``'s edges."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), {}):
+            if nxt == goal:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
+
+
+def type_checking_cycles(root: Path) -> list[str]:
+    """Every ``if TYPE_CHECKING:`` import A -> B that closes a cycle: B already reaches A by real imports (or by
+    other TYPE_CHECKING imports: the typed graph is one graph), as 'A (line n) -> B'. Such an import hides a
+    mutual dependency from the cycle test above, which leaves TYPE_CHECKING bodies out."""
+    real, typed = import_graph(root), import_graph(root, type_checking=True)
+    both = {m: {**real.get(m, {}), **typed.get(m, {})} for m in {*real, *typed}}
+    return [f"{a} (line {line}) -> {b}" for a, edges in sorted(typed.items()) for b, line in sorted(edges.items())
+            if reaches(both, b, a)]
+
+
+def test_no_type_checking_import_closes_a_cycle():
+    closing = type_checking_cycles(ROOT)
+    assert len(import_graph(ROOT, type_checking=True)) > 50  # the walk read the modules
+    assert closing == [], "a TYPE_CHECKING import closes an import cycle (" + str(len(closing)) + "): " + \
+        "; ".join(closing)
+
+
+def test_a_type_checking_import_that_closes_a_cycle_is_counted(tmp_path):
+    # pkg.driver imports pkg.trainer only for its annotations, while pkg.trainer imports pkg.driver: a friend pair
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/trainer.py": "from pkg.driver import Driver\n",
+        "pkg/driver.py": ("from typing import TYPE_CHECKING\nimport typing\nif TYPE_CHECKING:\n    from pkg.trainer import T\n"
+                          "if typing.TYPE_CHECKING:\n    from pkg import leaf\nelse:\n    import json\n"),
+        "pkg/leaf.py": "if True:\n    from pkg import trainer\n",
+    })
+    assert find_cycle(import_graph(root)) is None  # the real imports alone: no cycle
+    assert import_graph(root, type_checking=True)["pkg.driver"] == {"pkg.trainer": 4, "pkg.leaf": 6}
+    # leaf -> trainer -> driver: both typed imports of driver close a cycle
+    assert type_checking_cycles(root) == ["pkg.driver (line 6) -> pkg.leaf", "pkg.driver (line 4) -> pkg.trainer"]
+
+
+def test_a_type_checking_import_down_the_layers_is_not_counted(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/trainer.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.driver import Driver\n",
+        "pkg/driver.py": "x = 1\n",
+    })
+    assert import_graph(root, type_checking=True)["pkg.trainer"] == {"pkg.driver": 3}
+    assert type_checking_cycles(root) == []
 
 
 def unit_of(module: str) -> str:

@@ -15,7 +15,7 @@ and every sample takes the checked Python path.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +26,10 @@ try:
 except ImportError:  # built without a C compiler: the checked Python path packs everything
     _fastpack = None
 
-if TYPE_CHECKING:
-    from packrl.emulation.packer import Packer
 
-
-def spec_for(packer: "Packer") -> Any:
-    """The C extension's description of a packer's layout; None where the extension is missing."""
+def spec_for(packer: Any) -> Any:
+    """The C extension's description of a ``packrl.emulation.packer.Packer``'s layout (the packer module imports
+    this one, so its class is not imported back); None where the extension is missing."""
     if _fastpack is None:
         return None
     fields = [_field(leaf, in_c=False) for leaf in packer.leaves]
