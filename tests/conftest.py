@@ -1,5 +1,5 @@
 """Shared test settings: hypothesis profiles sized for a 2-core machine, the learning tests' torch thread, and
-a Ray runtime that survives a slow start (``tests/ray_start.py``)."""
+one Ray runtime per pytest process that survives a slow start (``tests/ray_start.py``)."""
 import os
 
 import pytest
@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
 
 
 @pytest.fixture
@@ -22,10 +21,11 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    """A local Ray runtime (2 CPUs) for the module, started with retries (``tests.ray_start.start_ray``:
-    skipped with the reason only when Ray itself cannot start), stopped after it."""
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray runtime (2 CPUs) per pytest process, shared by every module that uses Ray (``make test``'s
+    xdist workers each have their own), started with retries (``tests.ray_start.start_ray``: one slow start
+    per run, not one per module), stopped at the end of the session."""
     import ray
 
     from tests.ray_start import start_ray
@@ -34,3 +34,29 @@ def ray_runtime():
     yield
     ray.shutdown()
 
+
+@pytest.fixture(scope="module")
+def ray_runtime(ray_session):
+    """The session's Ray runtime for a module: started again if a test before shut it down, and restarted if
+    actors a module before left behind still hold its CPUs (the next module's actors would wait for them)."""
+    import ray
+
+    from tests.ray_start import start_ray
+
+    if ray.is_initialized() and not _cpus_free(ray):
+        ray.shutdown()
+    start_ray()
+    yield
+
+
+def _cpus_free(ray, wait: float = 10.0) -> bool:
+    """Whether every CPU of the runtime is free, within ``wait`` seconds (actors release theirs as they exit)."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        if ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from packrl import EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv
-from tests.ray_start import start_ray
 
 BACKENDS = ["serial", "multiprocessing", "ray"]
 NUM_ENVS = 4
@@ -23,14 +22,12 @@ STEPS = 120
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
+def ray_cluster(ray_runtime):
+    """The session's Ray runtime (tests/conftest.py: retried on a slow start, a failure under CI)."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the creators here travel by value
-    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     yield
-    ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 

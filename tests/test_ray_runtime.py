@@ -11,6 +11,7 @@ import pytest
 
 from packrl import EnvError, vector
 from packrl.vector.testing import HangingEnv
+from tests.ray_start import give_up
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def test_a_ray_runtime_started_by_a_vector_env_stops_with_the_last_one():
     done = subprocess.run([sys.executable, "-c", OWN_RUNTIME], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
     if "timed out during startup" in done.stderr:
-        pytest.skip("Ray could not start on this machine: the node timed out during startup")
+        give_up("Ray could not start on this machine: the node timed out during startup")  # CI: a failure
     lines = done.stdout.strip().splitlines()
     assert lines[-3:] == ["after first close True", "after second close False", "caller's runtime after close True"], \
         done.stdout + done.stderr[-3000:]

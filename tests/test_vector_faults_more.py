@@ -19,7 +19,6 @@ import pytest
 from packrl import EnvError, UsageError, vector
 from packrl.vector.testing import CloseFails, HangingEnv, ScriptedEnv
 from tests.processes import alive
-from tests.ray_start import start_ray
 
 SHM = Path("/dev/shm")
 CONTEXTS = ["spawn", "forkserver"]
@@ -146,24 +145,18 @@ def test_step_timeout_is_checked():
         vector.make(ScriptedEnv, 2, backend="multiprocessing", num_workers=1, main_envs=1, step_timeout=5)
 
 
-def test_ray_close_errors_and_step_timeout():
-    import ray
-
-    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
-    try:
-        venv = vector.make(CloseFails, 2, backend="ray", num_workers=2)
-        venv.reset(seed=0)
-        venv.step(np.zeros(2, np.int64))
-        with pytest.raises(EnvError, match="env 1's close raised OSError: close of env 1 failed"):
-            venv.close()
-        assert venv.closed and not venv.actors
-        venv = vector.make(HangingEnv, 2, backend="ray", num_workers=2, step_timeout=5)
-        venv.reset(seed=0)
-        with pytest.raises(EnvError, match=r"ray worker\(s\) \[1\] \(envs 1..1\) did not finish within step_timeout"):
-            venv.step(np.zeros(2, np.int64))
-        with pytest.raises(EnvError, match="failed earlier"):
-            venv.step(np.zeros(2, np.int64))
+def test_ray_close_errors_and_step_timeout(ray_runtime):
+    venv = vector.make(CloseFails, 2, backend="ray", num_workers=2)
+    venv.reset(seed=0)
+    venv.step(np.zeros(2, np.int64))
+    with pytest.raises(EnvError, match="env 1's close raised OSError: close of env 1 failed"):
         venv.close()
-        assert not venv.actors
-    finally:
-        ray.shutdown()
+    assert venv.closed and not venv.actors
+    venv = vector.make(HangingEnv, 2, backend="ray", num_workers=2, step_timeout=5)
+    venv.reset(seed=0)
+    with pytest.raises(EnvError, match=r"ray worker\(s\) \[1\] \(envs 1..1\) did not finish within step_timeout"):
+        venv.step(np.zeros(2, np.int64))
+    with pytest.raises(EnvError, match="failed earlier"):
+        venv.step(np.zeros(2, np.int64))
+    venv.close()
+    assert not venv.actors

@@ -19,18 +19,16 @@ from packrl import EmulationError, EnvError, UsageError, vector
 from packrl.emulation import Layout
 from packrl.vector.testing import ScriptedEnv, SeededFailure, StructuredEnv
 from tests.processes import alive
-from tests.ray_start import start_ray
 
 STEPS = 24
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
+def cluster(ray_runtime):
+    """The session's Ray runtime (tests/conftest.py: retried on a slow start, a failure under CI)."""
     # Ray workers may not have tests/ on sys.path: the envs defined here travel by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     yield
-    ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 

@@ -28,17 +28,15 @@ from packrl import EnvError, UsageError, vector
 from packrl.cli import main
 from packrl.vector.ray_backend import RESTART_SEED_STRIDE, RayVectorEnv
 from tests.processes import alive
-from tests.ray_start import start_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
+def cluster(ray_runtime):
+    """The session's Ray runtime (tests/conftest.py: retried on a slow start, a failure under CI)."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors may not have tests/ on sys.path
-    start_ray()  # retried on a slow start; skips only when Ray cannot start (tests/ray_start.py)
     yield
-    ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
