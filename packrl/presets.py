@@ -54,6 +54,11 @@ _MINIGRID_PPO = {"num_steps": 128, "learning_rate": 1e-3, "anneal_lr": False, "u
                  "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 1.0,
                  "max_grad_norm": 0.5}
 
+# rl-baselines3-zoo hyperparams/ppo.yml, Acrobot-v1 (MountainCar-v0 has the same but n_steps 16, gae_lambda 0.98)
+_ZOO_ACROBOT = {"num_steps": 256, "num_minibatches": 64, "update_epochs": 4, "gamma": 0.99, "gae_lambda": 0.94,
+                "learning_rate": 3e-4, "anneal_lr": False, "ent_coef": 0.0, "clip_coef": 0.2, "clip_vloss": False,
+                "vf_coef": 0.5, "max_grad_norm": 0.5, "normalize_rewards": True}
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         "gridworld",
@@ -199,6 +204,23 @@ PRESETS: tuple[Preset, ...] = (
                    "anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "clip_vloss": True,
                    "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "normalize_rewards": True}},
     ),
+    Preset(
+        "discrete-control",
+        "a flat Box observation and Discrete actions (Acrobot, MountainCar, ...): rl-zoo's Acrobot PPO with "
+        "observation normalization; chosen for any gymnasium env with those spaces that no other preset names",
+        "rl-baselines3-zoo hyperparams/ppo.yml, Acrobot-v1: normalize true (VecNormalize of observations and "
+        "rewards: policy.normalize_observations and train.normalize_rewards here), n_envs 16, n_steps 256, "
+        "batch_size 64 (16 * 256 / 64 = 64 minibatches), n_epochs 4, gamma 0.99, gae_lambda 0.94, ent_coef 0.0, "
+        "learning_rate 3e-4 (constant), clip_range 0.2, no value clipping (SB3's clip_range_vf=None), SB3's "
+        "MlpPolicy: separate actor and critic of 64 tanh units. Issue 42: packrl's plain defaults (8 envs, 128 "
+        "steps, lr 2.5e-4 annealed, entropy 0.01, a shared relu trunk of 128, raw observations) ended Acrobot-v1 "
+        "at -500 after 150k steps; benchmarks/learning.py --tasks acrobot,mountaincar and --preset "
+        "discrete-control --tasks cartpole-gym measure these settings (benchmarks/README.md, discrete control)",
+        ("Acrobot-*", "MountainCar-v*"),
+        {"vec": {"num_envs": 16},
+         "policy": {"hidden": 64, "critic": "separate", "activation": "tanh", "normalize_observations": True},
+         "train": dict(_ZOO_ACROBOT)},
+    ),
 )
 
 
@@ -218,28 +240,57 @@ def get(name: str) -> Preset:
 
 def for_env(env_id: str) -> Preset | None:
     """The preset of ``env_id``'s family, or None (plain defaults) for an env no preset knows. An id no pattern
-    matches that names a registered gymnasium env whose action space is or holds a Box gets continuous-control."""
+    matches that names a registered gymnasium env gets one by its spaces: continuous-control when its action
+    space is or holds a Box, discrete-control when its observation is a flat Box and its action a Discrete."""
     preset = next((p for p in PRESETS if p.matches(env_id)), None)
-    if preset is None and has_box_actions(env_id):
+    if preset is not None:
+        return preset
+    spaces = gymnasium_spaces(env_id)
+    if spaces is None:
+        return None
+    observation, action = spaces
+    if _holds_box(action):
         return get("continuous-control")
-    return preset
+    if _flat_box(observation) and _discrete(action):
+        return get("discrete-control")
+    return None
 
 
 def has_box_actions(env_id: str) -> bool:
-    """Whether ``env_id`` is a registered gymnasium id (no ``module:`` prefix: nothing is imported for it) whose
-    env's action space is a Box or a Dict/Tuple holding one. The env is made and closed to read its space."""
+    """Whether ``env_id`` is a registered gymnasium id whose env's action space is a Box or a Dict/Tuple holding
+    one (``gymnasium_spaces``)."""
+    spaces = gymnasium_spaces(env_id)
+    return spaces is not None and _holds_box(spaces[1])
+
+
+def gymnasium_spaces(env_id: str) -> tuple[object, object] | None:
+    """``(observation space, action space)`` of a registered gymnasium id (no ``module:`` prefix: nothing is
+    imported for it), or None. The env is made and closed to read its spaces."""
     import gymnasium as gym
 
     if ":" in env_id or gym.registry.get(env_id) is None:
-        return False
+        return None
     try:
         env = gym.make(env_id)
     except Exception:  # noqa: BLE001 - an env that cannot be made here has no preset; training reports why
-        return False
+        return None
     try:
-        return _holds_box(env.action_space)
+        return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+def _flat_box(space: object) -> bool:
+    """A Box of one dimension: a feature vector (an image Box, Atari's, is left to the defaults)."""
+    from gymnasium import spaces
+
+    return isinstance(space, spaces.Box) and len(space.shape) == 1
+
+
+def _discrete(space: object) -> bool:
+    from gymnasium import spaces
+
+    return isinstance(space, spaces.Discrete)
 
 
 def _holds_box(space: object) -> bool:

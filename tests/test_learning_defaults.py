@@ -10,6 +10,7 @@ from packrl import vector
 from packrl.envs.gridworld import LEARNED_THRESHOLD
 from packrl.train.evaluate import evaluate
 from packrl.train.run import build_ppo
+from tests.learning_runs import best_of_seeds
 
 
 def train_with_defaults(env_id: str, steps: int, seed: int = 0):
@@ -38,3 +39,13 @@ def test_gridworld_defaults_pass_the_mark_within_40k_steps():
     assert preset.name == "gridworld"
     returns = evaluate(policy, vector.make("gridworld", 64, backend="numba", seed=1))
     assert returns.mean() >= LEARNED_THRESHOLD, returns.mean()
+
+
+@pytest.mark.slow
+def test_acrobot_gets_the_generic_discrete_defaults_and_reaches_minus_100_within_200k_steps():
+    """`packrl train Acrobot-v1` with no flags (issue 42) gets discrete-control, the preset of any gymnasium env
+    with a flat Box observation and Discrete actions (rl-zoo's Acrobot PPO with observation normalization).
+    The moving mean of 20 training episodes, the best of seeds 0-2 (tried in turn).
+    benchmarks/learning.py --tasks acrobot: seeds 0-2 in benchmarks/README.md (seed 0: -100 at 127k steps, 73k
+    steps inside the budget). The plain defaults before ended at -500 (doing nothing useful)."""
+    best_of_seeds("Acrobot-v1", -100.0, 200_000, seeds=(0, 1, 2), preset="discrete-control", window=20)

@@ -32,7 +32,7 @@ def test_presets_are_chosen_from_the_env_id():
         "pettingzoo.butterfly.knights_archers_zombies_v11": "parallel-multiagent",
         "pettingzoo.sisl.pursuit_v4": "parallel-multiagent", "mpe2.simple_spread_v3": "parallel-multiagent",
         "Pendulum-v1": "pendulum", "MountainCarContinuous-v0": "continuous-control", "HalfCheetah-v5": "continuous-control",
-        "my_envs:make": None, "Acrobot-v1": None, "MountainCar-v0": None,
+        "my_envs:make": None, "Acrobot-v1": "discrete-control", "MountainCar-v0": "discrete-control",
     }
     for env_id, name in expected.items():
         preset = presets.for_env(env_id)
@@ -76,7 +76,7 @@ def test_classic_control_is_rl_zoo_cartpole():
 
 def test_precedence_defaults_preset_file_flags(tmp_path):
     default_steps = settings()["train.num_steps"].default
-    config, preset = parsed(["train", "Acrobot-v1"])
+    config, preset = parsed(["train", "my_envs:make"])  # no preset names it
     assert preset is None and "num_steps" not in config["train"] and default_steps == 128
     config, preset = parsed(["train", "CartPole-v1"])
     assert preset.name == "classic-control" and config["train"]["num_steps"] == 32
@@ -134,7 +134,8 @@ def test_the_config_lists_exactly_the_encoders_the_models_build():
 
 def test_an_unknown_gymnasium_id_with_box_actions_gets_the_continuous_preset():
     """No pattern names it: its action space (a Dict holding a Box) chooses continuous-control; Discrete actions
-    choose nothing, and a module:function id is never made to look."""
+    with a flat Box observation choose discrete-control (issue 42: Acrobot's defaults), with an image Box nothing,
+    and a module:function id is never made to look."""
     import gymnasium as gym
     import numpy as np
 
@@ -145,11 +146,16 @@ def test_an_unknown_gymnasium_id_with_box_actions_gets_the_continuous_preset():
     class Pick(Reach):
         action_space = gym.spaces.Discrete(3)
 
+    class Look(Pick):
+        observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+
     gym.register("PackrlReach-v0", entry_point=Reach)
     gym.register("PackrlPick-v0", entry_point=Pick)
+    gym.register("PackrlLook-v0", entry_point=Look)
     try:
         assert presets.for_env("PackrlReach-v0").name == "continuous-control"
-        assert presets.for_env("PackrlPick-v0") is None
+        assert presets.for_env("PackrlPick-v0").name == "discrete-control"
+        assert presets.for_env("PackrlLook-v0") is None
         assert presets.for_env("tests.nowhere:PackrlReach-v0") is None
     finally:
-        del gym.registry["PackrlReach-v0"], gym.registry["PackrlPick-v0"]
+        del gym.registry["PackrlReach-v0"], gym.registry["PackrlPick-v0"], gym.registry["PackrlLook-v0"]
