@@ -288,14 +288,14 @@ def _main(argv: list[str] | None = None) -> int:
         if args.command == "configs":
             return commands.configs.run(args)
         config, preset = config_from_args(args)
+        from packrl.env_ids import env_creator  # not packrl.train.run: no torch before a bad env id
+
+        if args.command == "train" and args.name is not None:
+            from packrl.run_folders import check_name
+
+            check_name(args.name)
+        env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])
         if args.command == "train":
-            from packrl.env_ids import env_creator  # not packrl.train.run: no torch before a bad env id
-
-            if args.name is not None:
-                from packrl.run_folders import check_name
-
-                check_name(args.name)
-            env_creator(config["env"]["id"], config["env"]["kwargs"], config["env"]["api"])
             if args.env is None and args.resume is None and not args.env_from_file:
                 print(f"packrl train: no ENV given: training {config['env']['id']!r}, packrl's default env.id "
                       "(name one: packrl train CartPole-v1)", file=sys.stderr)

@@ -348,10 +348,10 @@ def test_a_nan_reward_stops_training_with_one_named_line(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "tests.test_run_folder_safety:nan_reward_env", "--num-envs", "1", "--total-steps", "256",
                  "--train.num_steps", "16", "--no-live", "--out", str(out)])
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err  # a stop is on stderr
     assert code == 3
     assert "Traceback" not in text
-    stopped = [line for line in text.splitlines() if line.startswith("training stopped")]
+    stopped = [line for line in text.splitlines() if line.startswith("packrl train: training stopped")]
     # the env's 41st step is rollout step 8 of iteration 3 (16 steps per iteration)
     assert len(stopped) == 1 and "iteration 3, rollout step 8" in stopped[0] and "reward=nan" in stopped[0], text
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""``packrl check ENV``: shape, dtype, range, NaN and gradient checks of ENV with its policy, as one report.
+"""``packrl check ENV``: check ENV with its policy (shapes, dtypes, ranges, NaNs and gradients) and print one report.
 
 Exit status 0 when no check failed, 1 when one did (skipped checks are listed with their reason), 2 for a
 bad flag or env id."""
@@ -19,8 +19,10 @@ def run(args: argparse.Namespace, config: dict) -> int:
 
 def check_command(config: dict, steps: int) -> int:
     from packrl.check import check_env, print_report
+    from packrl.commands.arguments import apply_torch_threads
     from packrl.train.run import make_policy, make_vecenv
 
+    apply_torch_threads(None)  # one thread, as packrl train and eval
     vecenv = make_vecenv(config, seed=int(config["train"].get("seed", 0)))
     try:
         report = check_env(vecenv, make_policy(vecenv, config["policy"]), steps=steps)

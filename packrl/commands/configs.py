@@ -1,5 +1,5 @@
-"""``packrl configs [NAME]``: the presets (settings per env family), which env ids choose each, what each sets
-and where its numbers come from; ``packrl configs NAME`` prints one as a TOML config file."""
+"""``packrl configs [NAME]``: list the presets (settings per env family), which env ids choose each, what each
+sets and where its numbers come from, or print one as a TOML config file (``packrl configs NAME``)."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""``packrl eval CHECKPOINT``: a checkpoint's policy on its own fresh envs, sampled and greedy side by side
+"""``packrl eval CHECKPOINT``: evaluate a checkpoint's policy on fresh envs, sampled and greedy side by side
 (a run folder stands for its newest checkpoint).
 
 The checkpoint is data: the env is the one given with ``--env`` or the recorded id looked up as a name
@@ -11,9 +11,11 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
-from packrl.commands.arguments import non_negative_int, positive_float, positive_int
+from packrl.commands.arguments import apply_torch_threads, non_negative_int, positive_float, positive_int
+from packrl.printing import shown
 
 MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
 VIDEO_SUFFIXES = (".gif",)
@@ -28,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=tuple(MODES), default="sampled",
                         help="the headline return and the rendered episode: sampled (as trained; the default) or greedy")
     parser.add_argument("--env", help="the env to evaluate on (default: the recorded id, looked up as a name)")
-    parser.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON object of kwargs for --env")
+    parser.add_argument("--env-kwargs", type=_kwargs_table, default=None, metavar="TABLE",
+                        help="kwargs for --env as a TOML inline table, as train's --env.kwargs takes them "
+                             "('{size = 8}'; a JSON object is read too)")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="RISK: let the checkpoint's env id and kwargs import and call code (module:function); "
                              "only for checkpoints whose author you trust")
@@ -52,21 +56,28 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
                  trust_checkpoint: bool = False, sha256: str | None = None, render: str | None = None,
                  max_policy_bytes: int | None = None) -> int:
     """Evaluate both modes on ``num_envs`` serial envs (Numba envs batch natively) and print them side by
-    side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends)."""
+    side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends).
+    Results go to stdout; a line at start and one per batch of episodes to stderr. Like ``packrl train``, torch
+    runs on one CPU thread unless OMP_NUM_THREADS says otherwise."""
+    from packrl.run_folders import checkpoint_in, printable
+
+    _check_exists(checkpoint)  # before torch: a mistyped path is refused at once
+    given = checkpoint
+    found, skipped = checkpoint_in(checkpoint)
+    checkpoint = str(found)
+    _progress_line(f"eval: {shown(checkpoint)}: loading the policy and making its envs")  # torch takes seconds
+
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from packrl.errors import EnvError
-    from packrl.run_folders import checkpoint_in, printable
     from packrl.train.evaluate import EvaluationError, evaluate_episodes
     from packrl.train.run import load_policy
 
     console = Console()
     _check_device(device)
-    given = checkpoint
-    found, skipped = checkpoint_in(checkpoint)
-    checkpoint = str(found)
+    apply_torch_threads(None)
     for line in skipped:  # newer checkpoints that do not load: named, then passed over
         console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
     if checkpoint != given:
@@ -86,34 +97,38 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
             vecenv.close()
             raise
     results = {}
+    per_env = int(getattr(vecenv, "agents_per_env", 1))
+    _progress_line(f"eval: {shown(env_id)}, {episodes} episodes per mode (sampled, then greedy) on "
+                   f"{_plural(vecenv.num_agents // per_env, 'env')}")
+    started = time.monotonic()
     try:
         for name, deterministic in MODES.items():
             results[name] = evaluate_episodes(policy, vecenv, deterministic=deterministic, seed=seed, device=device,
-                                              episodes=episodes)
+                                              episodes=episodes,
+                                              progress=_batch_progress(name, episodes, per_env, started))
     except (EvaluationError, EnvError) as err:  # the env or its episodes, not the command line: exit 1
         last = [line for line in str(err).strip().splitlines() if line.strip()][-1].strip()
         print(f"packrl eval: {printable(last)}", file=sys.stderr)
         return 1
     finally:
         vecenv.close()
-    table = Table(title=escape(f"{env_id}: {episodes} episodes per mode, seed {seed}, "
-                               f"trained {_steps(metadata.get('global_step'))} steps"))
+    agents = f" ({per_env} agents each: the returns are per agent)" if per_env > 1 else ""
+    table = Table(title=escape(shown(f"{env_id}: {episodes} episodes per mode{agents}, seed {seed}, "
+                                     f"trained {_steps(metadata.get('global_step'))} steps")))
     for column in ("mode", "mean return", "std", "min", "max", "time limit"):  # the title gives the episodes
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=column == "mode")
     table.caption = ("sampled: actions drawn from the policy, as in training; greedy: its most likely action "
                      "(never a draw, so it can repeat one state's action forever); time limit: the episodes "
-                     "truncated by the env's time limit")
+                     "of the mode that the env's time limit cut")
     for name, ended in results.items():
         returns = ended.returns
         label = name + ((" (default)" if name == "sampled" else " (--mode)") if name == mode else "")
         table.add_row(label, *(_number(x) for x in (returns.mean(), returns.std(), returns.min(), returns.max())),
-                      f"{int(ended.truncated.sum())} of {len(returns)}")
+                      f"{_cut_episodes(ended.truncated, per_env)} of {episodes}")
     console.print(table)
-    loops = int(results["greedy"].truncated.sum()) - int(results["sampled"].truncated.sum())
-    if loops > 0:
-        console.print(f"note: {loops} more greedy than sampled episodes ran to the time limit: an argmax policy "
-                      "that meets the same state twice repeats itself, where a sampled one breaks out; the sampled "
-                      "return is the policy as trained", highlight=False)
+    note = time_limit_note(results["sampled"], results["greedy"], per_env)
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
     console.print(f"mean return {results[mode].returns.mean():.3f} ("
                   + ("sampled, the default; see --mode" if mode == "sampled" else f"{mode}, as --mode asked") + ")")
     from packrl.train.versus import report_versus_random  # two-player zero-sum games: win/draw/loss vs random
@@ -201,13 +216,74 @@ def _steps(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+def time_limit_note(sampled: object, greedy: object, per_env: int = 1) -> str | None:
+    """A note when greedy ran into the time limit more often than sampled *and* those cut greedy episodes
+    scored below the sampled mean: then the argmax policy likely repeated itself where sampling broke out (a
+    MiniGrid agent turning in place). None otherwise: where running to the time limit is the env's best outcome
+    (a perfect CartPole), the cut episodes score at least as well as sampled ones and no note is printed."""
+    more = _cut_episodes(greedy.truncated, per_env) - _cut_episodes(sampled.truncated, per_env)
+    if more <= 0:
+        return None
+    cut_mean, sampled_mean = float(greedy.returns[greedy.truncated].mean()), float(sampled.returns.mean())
+    if cut_mean >= sampled_mean:
+        return None
+    return (f"note: {more} more greedy than sampled episodes ran to the time limit, scoring {_number(cut_mean)} on "
+            f"average against the sampled mean {_number(sampled_mean)}: an argmax policy that meets the same state "
+            "twice repeats itself, where a sampled one breaks out; the sampled return is the policy as trained")
+
+
+def _cut_episodes(truncated: object, per_env: int) -> int:
+    """Episodes the time limit cut: each agent of a multi-agent env records one return per episode."""
+    return -(-int(truncated.sum()) // per_env)
+
+
+def _batch_progress(mode: str, episodes: int, per_env: int, started: float) -> object:
+    """``evaluate_episodes``' progress callback: a line on stderr each time at least an eighth of the mode's
+    episodes more have ended, and at the last one."""
+    step = max(1, -(-episodes // 8))
+    printed = [0]
+
+    def progress(recorded: int, total: int) -> None:
+        done = min(episodes, recorded // per_env)
+        if done >= printed[0] + step or (done == episodes and printed[0] < episodes):
+            printed[0] = done
+            _progress_line(f"eval: {mode} {done}/{episodes} episodes, {time.monotonic() - started:.1f} s")
+
+    return progress
+
+
+def _progress_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _check_exists(path: str) -> None:
+    """A CHECKPOINT that names nothing is one line saying so, before torch is imported (not a complaint about
+    what a folder lacks)."""
+    from packrl.errors import ConfigError
+
+    if not Path(path).exists():
+        raise ConfigError(f"checkpoint {shown(path)}: no such folder")
+    if not Path(path).is_dir():
+        raise ConfigError(f"checkpoint {shown(path)}: not a folder (give a checkpoint folder or a run folder)")
+
+
+def _kwargs_table(text: str) -> dict:
+    """``--env-kwargs``: a TOML inline table, as ``train --env.kwargs`` takes it; a JSON object is read too
+    (the form this flag took before)."""
+    from packrl.config import parse_toml_value
+
+    value = parse_toml_value(text)  # the text itself when it is no TOML value
+    if isinstance(value, str):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a table such as '{{size = 8}}', got {shown(text)!r}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""``packrl inspect CHECKPOINT``: a checkpoint's metadata, layouts and tensor table, without loading it.
+"""``packrl inspect CHECKPOINT``: print a checkpoint's metadata, layouts and tensor table without loading it.
 
 Reads ``metadata.json`` and the safetensors header with the standard library (no torch, no numpy), checks
 both hashes, and prints. Nothing in the checkpoint is imported, called or allocated. Every text read from the
@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``packrl inspect`` on its own parser: the ``packrl`` command dispatches here before it builds its
     full parser (which imports torch)."""
-    parser = _Parser(prog="packrl inspect", description=__doc__.split("\n")[0], allow_abbrev=False)
+    from packrl.commands.arguments import description
+
+    parser = _Parser(prog="packrl inspect", description=description(__doc__), allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
     from packrl.errors import PackrlError

@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``packrl plot`` on its own parser: the ``packrl`` command dispatches here before it builds its full
     parser (which imports torch)."""
-    parser = _Parser(prog="packrl plot", description=__doc__.split("\n")[0], allow_abbrev=False)
+    from packrl.commands.arguments import description
+
+    parser = _Parser(prog="packrl plot", description=description(__doc__), allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
     return plot_command(args.run, args.out, args.title)

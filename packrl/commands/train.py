@@ -1,12 +1,20 @@
-"""``packrl train ENV``: train PPO in a run folder of its own (``packrl.train.session``): live progress,
-periodic checkpoints, SIGINT/SIGTERM that save, a NaN guard, ``--resume``."""
+"""``packrl train ENV``: train PPO on ENV in a run folder of its own, with live progress, periodic checkpoints,
+a checkpoint saved on SIGINT or SIGTERM, a NaN guard and ``--resume``.
+
+The run itself is ``packrl.train.session``."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from packrl.commands.arguments import non_negative_float, non_negative_int, positive_float, positive_int
+from packrl.commands.arguments import (
+    apply_torch_threads,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from packrl.errors import PackrlError
 
 
@@ -78,8 +86,8 @@ def run(args: argparse.Namespace, config: dict) -> int:
                   "would change (a resumed run may change only ENV, --total-steps and --device)", file=sys.stderr)
             return EXIT_BAD_INPUT
     _set_torch_threads(args.torch_threads)
-    try:
-        return train_run(config, options, Console()).code
+    try:  # results on stdout; the lines that say why training stopped (an error, a signal) on stderr
+        return train_run(config, options, Console(), errors=Console(stderr=True)).code
     except PackrlError as err:
         from packrl.run_folders import error_line
         from packrl.train.distributed import DivergedError, LostRankError
@@ -111,21 +119,8 @@ def _set_torch_threads(threads: int | None) -> int:
     import torch
 
     before = torch.get_num_threads()
-    _apply_torch_threads(threads)
+    apply_torch_threads(threads)
     return before
-
-
-def _apply_torch_threads(threads: int | None) -> None:
-    """One intra-op thread unless asked (``--torch-threads`` or OMP_NUM_THREADS). On the 2-core project machine
-    with other jobs running, 20k gridworld steps took 16.0-17.1 s on one thread and 14.4-41.7 s on two
-    (interleaved rounds), and 170 s on two beside one busy process: torch's threads wait for each other."""
-    import os
-
-    import torch
-
-    if threads is None and os.environ.get("OMP_NUM_THREADS"):
-        return
-    torch.set_num_threads(threads or 1)
 
 
 RESUME_CHANGEABLE = {"train.total_steps", "train.device"}

@@ -7,10 +7,22 @@ multiprocessing worker. ``packrl.envs.spec(name)`` gives the :class:`NumbaEnv` i
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from packrl.envs.numba_env import BatchedNumbaEnv, NumbaEnv
 from packrl.errors import EnvError
+
+if TYPE_CHECKING:
+    from packrl.envs.numba_env import BatchedNumbaEnv, NumbaEnv
+
+
+def __getattr__(name: str) -> Any:
+    """``BatchedNumbaEnv`` and ``NumbaEnv`` on first use: looking up an env id (``names()``) does not import
+    Numba, so the command line refuses a mistyped id before Numba's import time."""
+    if name in ("BatchedNumbaEnv", "NumbaEnv"):
+        from packrl.envs import numba_env
+
+        return getattr(numba_env, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _REGISTRY: dict[str, Callable[[], NumbaEnv]] = {}
 

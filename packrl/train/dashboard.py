@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-SHOWN = (("sps", "steps/s", "{:,.0f}"), ("episode_return", "episode return", "{:.3f}"),
+SHOWN = (("sps", "steps/s, last iteration", "{:,.0f}"), ("episode_return", "episode return", "{:.3f}"),
          ("episode_length", "episode length", "{:.1f}"), ("pg_loss", "policy loss", "{:.4f}"),
          ("v_loss", "value loss", "{:.4f}"), ("entropy", "entropy", "{:.4f}"), ("approx_kl", "approx KL", "{:.5f}"),
          ("clipfrac", "clip fraction", "{:.3f}"), ("explained_variance", "explained variance", "{:.3f}"),
@@ -48,7 +48,7 @@ class Dashboard:
         self.console = console or Console()
         self.writer = _tensorboard_writer(tensorboard) if tensorboard else None
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-                                 MofNCompleteColumn(), TextColumn("[cyan]{task.fields[sps]} steps/s"),
+                                 MofNCompleteColumn(), TextColumn("[cyan]{task.fields[sps]} steps/s mean"),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                  console=self.console)
         self.task = self.progress.add_task("steps", total=total_steps, completed=start_step, sps="-")
@@ -101,10 +101,15 @@ class Dashboard:
         shown = ", ".join(f"{label} {fmt.format(v)}" for k, label, fmt in SHOWN[1:5]
                           if isinstance(v := self.last.get(k), (int, float)))
         extra = ", ".join(f"{k} {v:.3f}" for k, v in self.last.items()
-                          if k.startswith((PER_AGENT, *MATCHES)) and isinstance(v, (int, float)))
-        percent = 100.0 * self.step / self.total_steps if self.total_steps else 100.0
+                          if k.startswith(PER_AGENT) and isinstance(v, (int, float)))
+        matches = "; ".join(f"vs {who} win/draw/loss {_score(self.last, prefix).replace(' ', '')}, reward per game "
+                            f"{_reward(self.last, prefix)}" for who, prefix in (("random", VERSUS), ("previous", PREVIOUS))
+                            if isinstance(self.last.get(prefix + "win"), (int, float)))
+        shown = "; ".join(part for part in (matches, shown) if part)  # a zero-sum game's score leads
+        # a run stops at the first iteration boundary at or past the total: the step may pass it, the percentage not
+        percent = min(100.0, 100.0 * self.step / self.total_steps) if self.total_steps else 100.0
         self.console.print(
-            f"[{self.step:>12,}/{self.total_steps:,} {percent:5.1f}%] {self.steps_per_second():,.0f} steps/s, "
+            f"[{self.step:>12,}/{self.total_steps:,} {percent:5.1f}%] {self.steps_per_second():,.0f} steps/s mean, "
             f"elapsed {_clock(time.perf_counter() - self.start)}, ETA {_clock(eta) if eta is not None else '-'}"
             + (f" | {shown}" if shown else "") + (f", {extra}" if extra else ""),
             highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ partial episode is ever reported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,8 +40,10 @@ def evaluate(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: in
 
 @torch.no_grad()
 def evaluate_episodes(policy: Any, vecenv: Any, deterministic: bool = True, max_steps: int = 100_000,
-                      seed: int = 10_000, device: str | torch.device = "cpu", episodes: int | None = None) -> Episodes:
-    """``evaluate``, with how each episode ended."""
+                      seed: int = 10_000, device: str | torch.device = "cpu", episodes: int | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> Episodes:
+    """``evaluate``, with how each episode ended. ``progress(recorded, total)``, when given, is called each time
+    episodes end (``packrl eval``'s progress lines)."""
     policy = policy.to(device).eval()
     rows = vecenv.num_agents
     per_env = int(getattr(vecenv, "agents_per_env", 1))
@@ -77,6 +79,8 @@ def evaluate_episodes(policy: Any, vecenv: Any, deterministic: bool = True, max_
                 for row in np.flatnonzero(ended):
                     if len(recorded[row]) < quota[row]:
                         recorded[row].append((float(totals[row]), bool(cut[row])))
+                if progress is not None and ended.any():
+                    progress(sum(map(len, recorded)), int(quota.sum()))
                 totals[ended] = 0.0
                 done = torch.from_numpy(ended).to(device)
             else:

@@ -262,11 +262,13 @@ class Resumed:
     state: tuple
 
 
-def train_run(config: dict, options: RunOptions, console: Console | None = None) -> RunResult:
+def train_run(config: dict, options: RunOptions, console: Console | None = None,
+              errors: Console | None = None) -> RunResult:
     """Train one run as the options say. Errors in the settings, the folder or the checkpoint to resume
     raise (``PackrlError``: the caller prints them, exit 2); what happens once training started is
     told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
-    the training loop (``_train``), the closing report (``_report``)."""
+    the training loop (``_train``), the closing report (``_report``). The lines that say why training stopped
+    (an error, a signal) go to ``errors`` (the command's stderr; default: ``console``)."""
     from packrl.train.distributed import env_seed, is_collective_error, join
     from packrl.train.ppo import seed_everything
     from packrl.train.run import make_vecenv, ppo_config
@@ -276,6 +278,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
     console = console or Console()
     if not main:  # ranks other than 0 print nothing but errors (on stderr, by the caller)
         console = Console(quiet=True)
+    errors = console if errors is None or not main else errors
     try:
         resumed = _resume_from(options, config, console, group) if options.resume is not None else None
         config = resumed.config if resumed is not None else config
@@ -298,7 +301,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
                                       ppo.global_step, group)
             code, error = _train(ppo, config, options, folder, history, checkpoints, resumed, console, group)
         except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
-            return _interrupted(folder, console) if main else RunResult(EXIT_SIGINT, folder, None, 0, None)
+            return _interrupted(folder, errors) if main else RunResult(EXIT_SIGINT, folder, None, 0, None)
         except BaseException:  # the run could not start: leave no empty run folder behind
             if history is None and main:
                 _remove_if_empty(folder)
@@ -307,7 +310,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None)
             vecenv.close()
             if history is not None:
                 history.close()
-        result = _report(ppo, folder, history, checkpoints, code, error, console, group)
+        result = _report(ppo, folder, history, checkpoints, code, error, console, group, errors)
         if group is not None and error is None and code in (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM):
             _leave_together(group)
         return result
@@ -472,7 +475,8 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     elif options.preamble:
         console.print(escape(options.preamble), highlight=False, soft_wrap=True)
     ranks = f" x {group.world} ranks" if group is not None else ""
-    title = f"packrl PPO on {env_id} ({ppo.env.num_agents} rows{ranks}, {ppo.device})"
+    rows = ppo.env.num_agents
+    title = f"packrl PPO on {env_id} ({rows} row{'' if rows == 1 else 's'}{ranks}, {ppo.device})"
     board = Dashboard(title, total, live=options.live and console.is_terminal and main,
                       tensorboard=_tensorboard_folder(options.tensorboard, folder) if main else None,
                       log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
@@ -568,12 +572,14 @@ def _interrupted(folder: Path, console: Console) -> RunResult:
 
 
 def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, code: int,
-            error: BaseException | None, console: Console, group: Any = None) -> RunResult:
+            error: BaseException | None, console: Console, group: Any = None,
+            errors: Console | None = None) -> RunResult:
     """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
     folder, the checkpoint with its hash and the learning curve. A rank other than 0 prints only its error (on
     stderr: its console is quiet) and reads nothing rank 0 wrote."""
     from packrl.checkpoint import read_metadata
 
+    errors = errors or console
     returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
     last = returns[-1] if returns else None
     latest = checkpoints.latest
@@ -586,8 +592,9 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
     if error is not None:
         kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
             "no checkpoint had been saved yet"
-        console.print(f"[red]training stopped: {escape(error_line(error, ppo))}[/red]", highlight=False, soft_wrap=True)
-        console.print(f"nothing of that iteration was saved; {kept}"
+        errors.print(f"[red]{_stop_prefix(errors, console)}training stopped: {escape(error_line(error, ppo))}[/red]",
+                     highlight=False, soft_wrap=True)
+        errors.print(f"nothing of that iteration was saved; {kept}"
                       + ("; the env's traceback is in history.jsonl" if getattr(error, "env_traceback", None) else ""),
                       highlight=False, soft_wrap=True)
     elif code in (EXIT_SIGINT, EXIT_SIGTERM):
@@ -597,16 +604,21 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
             why += f" on rank{'s' if len(stopping) > 1 else ''} {', '.join(map(str, stopping))}" if stopping else ""
         again = "packrl train" if group is None else f"the same torchrun command ({group.world} ranks) with"
         if latest is not None and checkpoints.last_step == ppo.global_step:
-            console.print(f"[yellow]stopped by {why} (interrupted) at {ppo.global_step:,} steps; checkpoint saved; "
-                          f"continue with: {again} --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
+            errors.print(f"[yellow]interrupted by {why} at {ppo.global_step:,} steps; checkpoint saved; "
+                         f"continue with: {again} --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
         else:
             saved = _newest_saved(folder)  # this session's, or the one a resumed run started from
             resume = f"; the last checkpoint is {saved[0]} (step {saved[1]:,}); continue with: packrl train " \
                      f"--resume {folder}" if saved is not None else ""
-            console.print(f"[yellow]stopped at once by a second Ctrl-C (interrupted) at {ppo.global_step:,} steps; "
-                          f"nothing saved from this session's last iteration{resume}[/yellow]", highlight=False,
-                          soft_wrap=True)
-    if last is not None:
+            errors.print(f"[yellow]interrupted at once by a second Ctrl-C at {ppo.global_step:,} steps; "
+                         f"nothing saved from this session's last iteration{resume}[/yellow]", highlight=False,
+                         soft_wrap=True)
+    from packrl.train.versus import closing_lines
+
+    scores = closing_lines(history.rows)  # a zero-sum game closes on its score, not on its self-play return of 0
+    for line in scores:
+        console.print(line, highlight=False, soft_wrap=True)
+    if last is not None and not scores:
         console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False, soft_wrap=True)
     console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
     console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
@@ -615,6 +627,11 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
 
     console.print(curve_line(folder), highlight=False, soft_wrap=True, markup=False)  # without matplotlib: how to draw it
     return RunResult(code, folder, latest, ppo.global_step, last)
+
+
+def _stop_prefix(errors: Console, console: Console) -> str:
+    """``packrl train: `` before a stop line on a stream of its own (stderr), as the command's other errors."""
+    return "packrl train: " if errors is not console else ""
 
 
 def _tensorboard_folder(logdir: str | None, run: Path) -> str | None:

@@ -179,3 +179,19 @@ def report_versus_random(console: Any, policy: Any, env_id: str, env_kwargs: dic
                   f"seats alternating): win {rates['win']:.2f}, draw {rates['draw']:.2f}, loss {rates['loss']:.2f}, "
                   f"reward per game {rates['reward']:+.3f} ± {rates['reward_ci95']:.3f} (95%)", highlight=False)
     return rates
+
+
+def closing_lines(rows: list[dict]) -> list[str]:
+    """The closing lines of a two-player zero-sum run (``packrl train``): the last check's score against a random
+    opponent and against the previous check's policy, read from the history rows; [] when no check ran."""
+    lines = []
+    for prefix, who in (("vs_random/", "a uniformly random legal opponent"), ("vs_previous/", "the previous check's policy")):
+        row = next((r for r in reversed(rows) if isinstance(r.get(prefix + "win"), (int, float))), None)
+        if row is None:
+            continue
+        games = row.get(prefix + "games")
+        lines.append(f"against {who} (iteration {row.get('iteration', '?')}, step {row.get('global_step', 0):,}"
+                     + (f", {int(games)} games" if isinstance(games, (int, float)) else "") + "): "
+                     f"win {row[prefix + 'win']:.2f}, draw {row[prefix + 'draw']:.2f}, loss {row[prefix + 'loss']:.2f}, "
+                     f"reward per game {row[prefix + 'reward']:+.3f} ± {row[prefix + 'reward_ci95']:.3f} (95%)")
+    return lines
