@@ -337,13 +337,18 @@ class Sweep:
             r.log.close()
             del self.running[number]
             state = study._storage.get_trial(r.trial_id).state
-            if state == TrialState.RUNNING:
+            if state != TrialState.RUNNING:
+                continue
+            if code > 0 and code not in (EXIT_SIGINT, EXIT_SIGTERM):  # the trial crashed: a failure that counts
+                failure = f"error: exit status {code} (its output: {r.folder.name}.log)"
+                study._storage.set_trial_user_attr(r.trial_id, "failure", failure)
+            else:  # killed, or stopped by a signal: cut, and run again in its place
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
                 if code in (EXIT_SIGTERM, -signal.SIGTERM) and self.stopping is not None:
                     how = f"stopped by the sweep's {signal.Signals(self.stopping).name}"
                 study._storage.set_trial_user_attr(r.trial_id, "failure", CUT)
                 study._storage.set_trial_user_attr(r.trial_id, "cut", how)
-                study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def _layers(base: dict, params: dict, seed: int) -> dict:
