@@ -31,7 +31,6 @@ import platform
 import re
 import shutil
 import struct
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,8 +180,7 @@ def save_checkpoint(path: str | Path, state_dict: dict, *, config: dict, layouts
         "layouts": {k: v if isinstance(v, (str, dict)) else json.loads(v.to_json()) for k, v in (layouts or {}).items()},
         "env_id": env_id,
         "seed": seed,
-        "packages": package_versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "packages": package_versions(),  # no save time: same seed, same weights, same manifest hash
         "optimizer": optimizer_meta,
         **extra,
     }
@@ -381,14 +379,33 @@ def _check_name(name: str, where: Any) -> None:
         raise CheckpointError(f"{where}: tensor name {name!r} has characters other than letters, digits, '_' and '.'")
 
 
-def verify(path: str | Path, expected_sha256: str | None = None) -> dict:
-    """Check the manifest hash (and ``expected_sha256`` when given), the weights' hash and header;
-    returns the metadata. Standard library only."""
-    metadata, _, _ = _verified(path, expected_sha256, keep=False)
-    return metadata
+@dataclass(frozen=True)
+class Verified:
+    """A checkpoint whose hashes and header checked out: its metadata, its weights' header and the very bytes
+    that were hashed (the loader builds from these, so nothing is read or hashed twice)."""
+
+    folder: Path
+    metadata: dict
+    tensors: dict[str, TensorInfo]
+    data: bytes
+
+    @property
+    def file(self) -> Path:
+        """The metadata file (errors name it)."""
+        return self.folder / METADATA
+
+    @property
+    def weights(self) -> Path:
+        return self.folder / WEIGHTS
 
 
-def _verified(path: str | Path, expected_sha256: str | None, keep: bool) -> tuple[dict, dict[str, TensorInfo], bytes | None]:
+def verify(path: str | Path | Verified, expected_sha256: str | None = None) -> Verified:
+    """Check the manifest hash (and ``expected_sha256`` when given), the weights' hash and header, in one read
+    of the weights; returns what was verified (metadata and the hashed bytes). Standard library only. A
+    ``Verified`` given again is only checked against ``expected_sha256``."""
+    if isinstance(path, Verified):
+        _check_expected(path.metadata["sha256"], expected_sha256, path.folder)
+        return path
     folder = checkpoint_folder(path)
     metadata = read_metadata(path)
     file = folder / METADATA
@@ -396,19 +413,28 @@ def _verified(path: str | Path, expected_sha256: str | None, keep: bool) -> tupl
     if recorded != metadata["sha256"]:
         raise CheckpointError(f"{file}: field 'sha256' {metadata['sha256']} does not match the manifest hash {recorded}; "
                               "the metadata or weights were changed after saving")
-    if expected_sha256 is not None and expected_sha256.strip().lower() != recorded:
-        raise CheckpointError(f"{folder}: manifest SHA-256 {recorded} does not match the expected {expected_sha256}")
+    _check_expected(recorded, expected_sha256, folder)
     weights = folder / WEIGHTS
     if not weights.is_file():  # a symlink to a file is read (model hubs' caches link their blobs); never written
         raise CheckpointError(f"{weights}: missing (or not a file)")
-    data = weights.read_bytes() if keep else None
-    actual = hashlib.sha256(data).hexdigest() if keep else sha256_file(weights)
+    data = weights.read_bytes()
+    actual = hash_weights(data)
     if actual != metadata["weights_sha256"]:
         raise CheckpointError(f"{weights}: SHA-256 {actual} does not match the metadata's weights_sha256 "
                               f"{metadata['weights_sha256']}; the file was changed or corrupted after it was saved")
-    tensors, _ = read_header(data if keep else weights, weights)
+    tensors, _ = read_header(data, weights)
     _check_optimizer_meta(metadata.get("optimizer"), tensors, file)
-    return metadata, tensors, data
+    return Verified(folder, metadata, tensors, data)
+
+
+def hash_weights(data: bytes) -> str:
+    """The SHA-256 of a weights file's bytes: the one hash pass a command makes over them (tests count it)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_expected(recorded: str, expected_sha256: str | None, folder: Path) -> None:
+    if expected_sha256 is not None and expected_sha256.strip().lower() != recorded:
+        raise CheckpointError(f"{folder}: manifest SHA-256 {recorded} does not match the expected {expected_sha256}")
 
 
 def _check_optimizer_meta(meta: Any, tensors: dict[str, TensorInfo], file: Path) -> None:
@@ -429,21 +455,22 @@ def _check_optimizer_meta(meta: Any, tensors: dict[str, TensorInfo], file: Path)
 # ---------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | Path, device: Any = "cpu", *, expected_sha256: str | None = None,
+def load_checkpoint(path: str | Path | Verified, device: Any = "cpu", *, expected_sha256: str | None = None,
                     expected: Mapping[str, tuple[str, tuple[int, ...]]] | None = None) -> tuple[dict, dict, dict | None]:
-    """Verify, then load: ``(policy state_dict, metadata, optimizer state_dict or None)``.
+    """Verify (unless ``path`` is already a ``Verified``), then load: ``(policy state_dict, metadata, optimizer
+    state_dict or None)``.
 
     ``expected`` (name -> (safetensors dtype, shape), see ``tensor_specs``) is compared with the header before
     any tensor is allocated: a missing, extra or differently shaped policy tensor is refused by name."""
-    metadata, tensors, data = _verified(path, expected_sha256, keep=True)
-    weights = checkpoint_folder(path) / WEIGHTS
+    verified = verify(path, expected_sha256)
+    metadata, weights = verified.metadata, verified.weights
     if expected is not None:
-        compare_specs(tensors, expected, weights)
+        compare_specs(verified.tensors, expected, weights)
     from safetensors import SafetensorError
     from safetensors.torch import load
 
     try:
-        loaded = load(data)
+        loaded = load(verified.data)
     except (SafetensorError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{weights}: unreadable safetensors data ({err})") from None
     loaded = {k: v.to(device) for k, v in loaded.items()}

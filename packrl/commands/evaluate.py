@@ -71,6 +71,7 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from rich.markup import escape
     from rich.table import Table
 
+    from packrl.checkpoint import verify
     from packrl.errors import EnvError
     from packrl.train.evaluate import EvaluationError, evaluate_episodes
     from packrl.train.run import load_policy
@@ -83,7 +84,8 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     if checkpoint != given:
         console.print(f"checkpoint: {escape(printable(checkpoint))}", highlight=False, soft_wrap=True)
     num_envs = num_envs or min(episodes, 8)
-    policy, metadata, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
+    verified = verify(checkpoint, sha256)  # the one read and hash of the checkpoint (the video reuses its policy)
+    policy, metadata, vecenv = load_policy(verified, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,
                                            num_envs=num_envs, seed=seed,
                                            **({} if max_policy_bytes is None else {"max_policy_bytes": max_policy_bytes}))
@@ -91,8 +93,8 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     video = None
     if render:  # before the evaluation: an env that cannot render fails first, by name
         try:
-            video = write_video(checkpoint, render, mode=mode, seed=seed, device=device, env=env,
-                                env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint, sha256=sha256, env_id=env_id)
+            video = write_video(verified, policy, render, mode=mode, seed=seed, device=device, env=env,
+                                env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint, env_id=env_id)
         except BaseException:
             vecenv.close()
             raise
@@ -143,24 +145,24 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     return 0
 
 
-def write_video(checkpoint: str, out: str, *, mode: str, seed: int, device: str, env: str | None,
-                env_kwargs: dict | None, trust_checkpoint: bool, sha256: str | None, env_id: str = "the env") -> Path:
-    """One episode of env 0 rendered as ``rgb_array`` and written with imageio. An env that cannot be made
-    with ``render_mode='rgb_array'``, does not list it in its ``render_modes`` or renders no frame is one
-    ConfigError naming it (the checkpoint itself was loaded once already: its errors are not this one's)."""
+def write_video(verified: object, policy: object, out: str, *, mode: str, seed: int, device: str, env: str | None,
+                env_kwargs: dict | None, trust_checkpoint: bool, env_id: str = "the env") -> Path:
+    """One episode of env 0 under the loaded ``policy``, rendered as ``rgb_array`` and written with imageio.
+    The env is made again from the ``verified`` checkpoint (``packrl.checkpoint.Verified``: nothing is read or
+    hashed again) with ``render_mode='rgb_array'``. An env that cannot be made so, does not list it in its
+    ``render_modes`` or renders no frame is one ConfigError naming it."""
     import imageio.v3 as iio
 
     from packrl.checkpoint import CheckpointError
     from packrl.errors import EnvError
     from packrl.train.evaluate import EvaluationError, record_frames
-    from packrl.train.run import ConfigError, load_policy
+    from packrl.train.run import ConfigError, checkpoint_vecenv
 
     cannot = f"--render: {env_id!r} cannot render rgb_array frames"
     _headless_gl()
     try:
-        policy, _, vecenv = load_policy(checkpoint, device, env=env, env_kwargs=env_kwargs,
-                                        trust_checkpoint=trust_checkpoint, expected_sha256=sha256, num_envs=1,
-                                        seed=seed, render_mode="rgb_array")
+        vecenv = checkpoint_vecenv(verified, env=env, env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint,
+                                   num_envs=1, seed=seed, render_mode="rgb_array")
     except (CheckpointError, ConfigError, EnvError, TypeError, ValueError) as err:
         raise ConfigError(f"{cannot}: it could not be made with render_mode='rgb_array' "
                           f"({' '.join(str(err).split())[-200:]})") from None

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from packrl import config as config_settings
-from packrl.checkpoint import load_checkpoint, save_checkpoint
+from packrl.checkpoint import Verified, load_checkpoint, save_checkpoint
+from packrl.config import PolicyConfig
 from packrl.env_ids import env_creator
 from packrl.errors import ConfigError, PackrlError
 from packrl.train.plot import plot_learning_curve  # noqa: F401 - re-exported: it lived here before matplotlib became optional
@@ -197,13 +198,18 @@ MAX_POLICY_BYTES = 2 << 30
 (``packrl eval --max-policy-gib``)."""
 
 
-def check_architecture(vecenv: Any, policy_config: dict, weights: Path, max_bytes: int = MAX_POLICY_BYTES) -> None:
+def check_architecture(vecenv: Any, policy_config: PolicyConfig | Mapping, weights: Path | Verified,
+                       max_bytes: int = MAX_POLICY_BYTES) -> None:
     """Before a checkpoint's policy is allocated: build it on the meta device (shapes only, no memory), then
-    refuse (CheckpointError naming the file) a policy whose tensors differ from the weights file's header, or
-    that would take more than 4x the weights file or ``max_bytes``."""
+    refuse (CheckpointError naming the file) a policy whose tensors differ from the weights' header, or
+    that would take more than 4x the weights file or ``max_bytes``. ``weights``: the file, or a ``Verified``
+    checkpoint (its header and size as verified: nothing is read again)."""
     from packrl.checkpoint import DTYPE_SIZES, CheckpointError, compare_specs, read_header, tensor_specs
 
-    tensors, _ = read_header(weights)
+    if isinstance(weights, Verified):
+        tensors, size, weights = weights.tensors, len(weights.data), weights.weights
+    else:
+        (tensors, _), size = read_header(weights), weights.stat().st_size
     try:
         with torch.device("meta"):
             shapes = make_policy(vecenv, policy_config)
@@ -214,40 +220,90 @@ def check_architecture(vecenv: Any, policy_config: dict, weights: Path, max_byte
     specs = tensor_specs(shapes.state_dict())
     compare_specs(tensors, specs, weights)
     needed = sum(math.prod(shape) * DTYPE_SIZES[dtype] for dtype, shape in specs.values())
-    budget = min(4 * weights.stat().st_size, max_bytes)
+    budget = min(4 * size, max_bytes)
     if needed > budget:
         raise CheckpointError(f"{weights}: the policy its config describes takes {needed:,} bytes, more than the "
                               f"budget of {budget:,} (4x the weights file, at most {max_bytes:,}); refusing to build it")
 
 
-def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None, env_kwargs: dict | None = None,
-                trust_checkpoint: bool = False, expected_sha256: str | None = None, num_envs: int = 1,
-                seed: int = 0, render_mode: str | None = None,
+def check_fits(verified: Verified, vecenv: Any, policy_config: PolicyConfig | Mapping,
+               max_bytes: int = MAX_POLICY_BYTES) -> tuple[int, list]:
+    """What a checkpoint must share with the env and policy it is loaded into, checked alike by ``packrl eval``
+    (``load_policy``) and ``packrl train --resume`` before a weight is allocated: the recorded observation and
+    action layouts equal the env's, the architecture its config describes fits the weights' header within the
+    memory budget (``check_architecture``), and its ``distributed`` field is well formed. Returns the recorded
+    ``(world size, training state by rank)`` (``checked_distributed``). CheckpointError names the field."""
+    from packrl.train.checkpoint_env import checked_distributed
+
+    check_layouts(verified, vecenv)
+    check_architecture(vecenv, policy_config, verified, max_bytes)
+    return checked_distributed(verified.metadata, verified.file)
+
+
+def check_layouts(verified: Verified, vecenv: Any) -> None:
+    """The recorded observation and action layouts equal the env's (CheckpointError naming the first leaf
+    that differs, or a recorded layout that is not a layout)."""
+    from packrl.checkpoint import compare_layout
+
+    layouts, file, emulated = verified.metadata["layouts"], verified.file, vecenv.emulated
+    compare_layout(layouts.get("observation"), emulated.observation.to_dict(), "observation", file)
+    compare_layout(layouts.get("action"), emulated.action.layout.to_dict(), "action", file)
+
+
+def load_policy(path: str | Path | Verified, device: str = "cpu", *, env: str | None = None,
+                env_kwargs: dict | None = None, trust_checkpoint: bool = False, expected_sha256: str | None = None,
+                num_envs: int = 1, seed: int = 0, render_mode: str | None = None,
                 max_policy_bytes: int = MAX_POLICY_BYTES) -> tuple[torch.nn.Module, dict, Any]:
     """Rebuild a checkpoint's policy on an env and load its weights: ``(policy, metadata, vecenv)``.
+
+    The checkpoint is verified once (``packrl.checkpoint.verify``; a ``Verified`` given is not hashed again),
+    its env made (``checkpoint_vecenv``), what it must share with that env checked (``check_fits``), and the
+    policy built and loaded from the verified bytes. Every refusal is a CheckpointError naming the file and the
+    field."""
+    from packrl.checkpoint import verify
+
+    verified = verify(path, expected_sha256)
+    vecenv = checkpoint_vecenv(verified, env=env, env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint,
+                               num_envs=num_envs, seed=seed, render_mode=render_mode)
+    try:
+        policy = checkpoint_policy(verified, vecenv, device, max_policy_bytes)
+    except BaseException:
+        vecenv.close()
+        raise
+    return policy, verified.metadata, vecenv
+
+
+def checkpoint_policy(verified: Verified, vecenv: Any, device: str = "cpu",
+                      max_policy_bytes: int = MAX_POLICY_BYTES) -> torch.nn.Module:
+    """The verified checkpoint's policy on ``vecenv``: ``check_fits`` first, then built and loaded from the
+    bytes that were hashed."""
+    from packrl.checkpoint import tensor_specs
+    from packrl.train.checkpoint_env import checked_config
+
+    policy_config = checked_config(verified.metadata, verified.file)["policy"]
+    check_fits(verified, vecenv, policy_config, max_policy_bytes)
+    policy = make_policy(vecenv, policy_config)
+    state, _, _ = load_checkpoint(verified, device, expected=tensor_specs(policy.state_dict()))
+    policy.load_state_dict(state)
+    return policy.to(device)
+
+
+def checkpoint_vecenv(verified: Verified, *, env: str | None = None, env_kwargs: dict | None = None,
+                      trust_checkpoint: bool = False, num_envs: int = 1, seed: int = 0,
+                      render_mode: str | None = None) -> Any:
+    """The env a verified checkpoint is evaluated on, its layouts checked against the recorded ones.
 
     A checkpoint is data: nothing it records chooses code to import or call. The env is ``env`` (an id the
     caller gives, with ``env_kwargs``, or the recorded kwargs when it is the recorded id and that id is not
     code), else the recorded id resolved as data (a packrl env, a registered gymnasium id, a ``pettingzoo.*``
     module path; ``module:function`` refused). ``trust_checkpoint=True`` lets the recorded id and kwargs run as
-    they would in training: only for checkpoints whose author you trust. The recorded layouts must equal the
-    env's; the architecture is bounded and every tensor's shape checked before a weight is allocated
-    (``check_architecture``: built on the meta device, within ``max_policy_bytes`` and 4x the weights file).
-    ``render_mode`` is added to the env's kwargs. Every refusal is a CheckpointError naming the file and the field."""
+    they would in training: only for checkpoints whose author you trust. ``render_mode`` is added to the env's
+    kwargs."""
     from packrl import vector
-    from packrl.checkpoint import (
-        METADATA,
-        WEIGHTS,
-        CheckpointError,
-        checkpoint_folder,
-        compare_layout,
-        tensor_specs,
-        verify,
-    )
+    from packrl.checkpoint import CheckpointError
     from packrl.train.checkpoint_env import checked_config, is_data_env_id
 
-    metadata = verify(path, expected_sha256)
-    file = checkpoint_folder(path) / METADATA
+    metadata, file = verified.metadata, verified.file
     config = checked_config(metadata, file)
     recorded_id, recorded_kwargs, api = config["env"]["id"], config["env"]["kwargs"], config["env"]["api"]
     extra = {} if render_mode is None else {"render_mode": render_mode}
@@ -276,15 +332,8 @@ def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None
         raise CheckpointError(f"{file}: field 'config.env.kwargs': the recorded env {recorded_id!r} could not be "
                               f"built with them ({type(err).__name__}: {err})") from None
     try:
-        emulated = vecenv.emulated
-        compare_layout(metadata["layouts"].get("observation"), emulated.observation.to_dict(), "observation", file)
-        compare_layout(metadata["layouts"].get("action"), emulated.action.layout.to_dict(), "action", file)
-        check_architecture(vecenv, config["policy"], checkpoint_folder(path) / WEIGHTS, max_policy_bytes)
-        policy = make_policy(vecenv, config["policy"])
-        state, metadata, _ = load_checkpoint(path, device, expected_sha256=expected_sha256,
-                                             expected=tensor_specs(policy.state_dict()))
-        policy.load_state_dict(state)
+        check_layouts(verified, vecenv)
     except BaseException:
         vecenv.close()
         raise
-    return policy.to(device), metadata, vecenv
+    return vecenv

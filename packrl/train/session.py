@@ -254,12 +254,25 @@ class StopSignals:
 @dataclass
 class Resumed:
     """What ``--resume`` continues from: the run's config as recorded (``_resumed_config``), the checkpoint, its
-    run folder (None: a checkpoint outside one) and ``(training state, weights, optimizer state)``."""
+    run folder (None: a checkpoint outside one), the checkpoint as verified (read and hashed once) and this
+    rank's training state."""
 
     config: dict
     checkpoint: Path
     folder: Path | None
-    state: tuple
+    verified: Any  # packrl.checkpoint.Verified
+    state: dict
+
+    @property
+    def recorded_env(self) -> str:
+        return self.verified.metadata["config"]["env"]["id"]
+
+    def refusal(self, error: BaseException | str) -> RunError:
+        """``error`` (a layout, architecture or backend that does not fit) as one ``--resume`` line that names
+        the real mismatch first: an env other than the run's."""
+        env = self.config["env"]["id"]
+        differs = f"the env {env!r} differs from the run's {self.recorded_env!r}: " if env != self.recorded_env else ""
+        return RunError(f"--resume {self.checkpoint}: {differs}{str(error).strip()}")
 
 
 def train_run(config: dict, options: RunOptions, console: Console | None = None,
@@ -288,9 +301,14 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
         try:
             vecenv = make_vecenv(config, seed=cfg.seed if group is None else
                                  env_seed(cfg.seed, group.rank, group.world, int(config["vec"]["num_envs"])))
-        except BaseException:
+        except BaseException as err:
             if main:
                 _remove_if_empty(folder)
+            if resumed is not None and isinstance(err, ConfigError) and config["env"]["id"] != resumed.recorded_env:
+                # a resume cannot change the backend: advice about it would be advice the user cannot follow
+                raise resumed.refusal(f"the run's recorded [vec] settings (backend {config['vec']['backend']!r}) "
+                                      "cannot step it; resume with the run's own env (leave ENV out), or start a new "
+                                      "run for this one") from None
             raise
         history = None
         try:
@@ -366,7 +384,7 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Any 
     recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env.
     In a data-parallel run rank 0 chooses the checkpoint and every rank loads it; its recorded world size must be
     this run's, and each rank continues from its own recorded training state."""
-    from packrl.checkpoint import load_checkpoint
+    from packrl.checkpoint import verify
     from packrl.train.checkpoint_env import checked_distributed
     from packrl.train.run import env_creator
 
@@ -378,10 +396,11 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Any 
 
     chosen, chosen_folder = json.loads(_from_rank_zero(group, choose))
     checkpoint_path, resume_folder = Path(chosen), None if chosen_folder is None else Path(chosen_folder)
-    policy_state, metadata, optimizer_state = load_checkpoint(checkpoint_path)
+    verified = verify(checkpoint_path)
+    metadata = verified.metadata
     if not isinstance(metadata.get("resume"), dict):
         raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
-    world, by_rank = checked_distributed(metadata, checkpoint_path / "metadata.json")
+    world, by_rank = checked_distributed(metadata, verified.file)
     rank, ranks = (0, 1) if group is None else (group.rank, group.world)
     if world != ranks:
         how = f"torchrun --nproc-per-node {world} (over all nodes: {world} ranks)" if world > 1 else \
@@ -391,6 +410,7 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Any 
                        f"random streams, so resume it with {how}")
     state = metadata["resume"] if rank == 0 else by_rank[rank]
     config = _resumed_config(metadata, checkpoint_path, given, options)
+    _check_steps_left(metadata, config, checkpoint_path, options)
     if not options.env_given:  # a checkpoint is data: its env id never names code to run
         env = config["env"]
         try:
@@ -404,7 +424,18 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Any 
                            "call, which is never run because a checkpoint recorded it; give the env on the command "
                            f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
                            ) from None
-    return Resumed(config, checkpoint_path, resume_folder, (state, policy_state, optimizer_state))
+    return Resumed(config, checkpoint_path, resume_folder, verified, state)
+
+
+def _check_steps_left(metadata: dict, config: dict, checkpoint: Path, options: RunOptions) -> None:
+    """Refuse a resume with nothing to train (its total at or below the checkpoint's step): it would write a
+    new checkpoint and say it trained."""
+    step, total = metadata.get("global_step"), int(config["train"]["total_steps"])
+    if type(step) is not int or total > step:
+        return
+    what = f"--total-steps {total:,} is" if options.total_steps_given else f"its recorded total_steps ({total:,}) is"
+    raise RunError(f"--resume {checkpoint}: the run is at step {step:,} and {what} not above it, so there is "
+                   f"nothing to train; give --total-steps above {step:,} to train it further")
 
 
 def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None, group: Any = None) -> Path:
@@ -430,20 +461,23 @@ def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: 
     """PPO over the run's policy; a resumed run's architecture is checked against its weights (shapes and memory)
     before anything is allocated, then its training state loaded. In a data-parallel run PPO starts every rank
     from rank 0's weights, and each rank but 0 draws from generators of its own seed (``rank_seed``)."""
-    from packrl.checkpoint import WEIGHTS, checkpoint_folder
+    from packrl.checkpoint import CheckpointError, load_checkpoint
     from packrl.train.distributed import rank_seed
     from packrl.train.ppo import PPO, seed_everything
-    from packrl.train.run import check_architecture, make_policy
+    from packrl.train.run import check_fits, make_policy
 
     if resumed is not None:
-        check_architecture(vecenv, config["policy"], checkpoint_folder(resumed.checkpoint) / WEIGHTS,
-                           options.max_policy_bytes)
+        try:
+            check_fits(resumed.verified, vecenv, config["policy"], options.max_policy_bytes)
+        except CheckpointError as err:
+            raise resumed.refusal(err) from None
     ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
     if group is not None and not group.main:
         seed_everything(rank_seed(cfg.seed, group.rank))
     if resumed is not None:
+        policy_state, _, optimizer_state = load_checkpoint(resumed.verified)
         try:
-            ppo.load_training_state(*resumed.state)
+            ppo.load_training_state(resumed.state, policy_state, optimizer_state)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise RunError(f"--resume {resumed.checkpoint}: its training state does not fit this run "
                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
