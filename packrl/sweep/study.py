@@ -39,6 +39,7 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 130, 143
 POLL_SECONDS = 0.5
 OWNER = "packrl_owner"  # system attribute of a trial: the sweep (host:folder) running it
 CUT = "cut"
+SURPLUS = "surplus: the study had its trials when it was asked for (sweeps sharing it asked at once)"
 
 
 class SweepError(ConfigError):
@@ -181,7 +182,7 @@ def counts(trials: list) -> tuple[int, int]:
     from optuna.trial import TrialState
 
     done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and t.user_attrs.get("failure", CUT) != CUT))
+               or (t.state == TrialState.FAIL and str(t.user_attrs.get("failure", CUT)).startswith("error")))
     return done, sum(1 for t in trials if t.state == TrialState.RUNNING)
 
 
@@ -304,6 +305,11 @@ class Sweep:
         study._storage.set_trial_system_attr(trial._trial_id, OWNER, self.owner)
         study._storage.record_heartbeat(trial._trial_id)
         number = trial.number
+        earlier = [t for t in study.get_trials(deepcopy=False) if t.number < number]
+        if sum(counts(earlier)) >= self.options.trials:  # another sweep of the study asked at the same moment
+            trial.set_user_attr("failure", SURPLUS)
+            study.tell(trial, state=TrialState.FAIL)
+            return
         params = self.options.space.suggest(trial)
         seed = trial_seed(self.options.seed, number)
         folder = self.folder / "trials" / f"{number:04d}"
