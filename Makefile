@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # CPU build (a local file on the project's machines); any torch >= 2.4 works: make TORCH_SPEC='torch>=2.4'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test bench wheel clean
+.PHONY: install demo test bench wheel clean system-deps
 
 install: $(VENV)/.installed $(VENV)/.fastpack
 
@@ -20,6 +20,15 @@ $(VENV)/.installed: pyproject.toml setup.py
 $(VENV)/.fastpack: packrl/emulation/_fastpack.c $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
+
+# Debian's packages the sweep tests use (tests/test_sweep_postgres.py starts its own PostgreSQL server with initdb
+# in a temporary folder; the dashboard check uses headless Chromium): installed when missing, as root with apt-get
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql chromium chromium-driver; \
+	  fi; \
+	fi
 
 demo: install
 	$(PY) examples/train_demo.py
