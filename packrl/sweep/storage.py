@@ -4,6 +4,7 @@ replaces it wherever a URL is printed or written."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ def open_storage(url: str, heartbeat: bool = False) -> Any:
     ``heartbeat``: trials record heartbeats, so a sweep's cut trials can be found by other sweeps."""
     import optuna
 
+    url = with_driver(url)
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine["connect_args"] = {"timeout": 60}  # several trial processes write one file: wait for its lock
@@ -66,11 +68,26 @@ def open_storage(url: str, heartbeat: bool = False) -> Any:
         engine["connect_args"] = {"connect_timeout": CONNECT_SECONDS}
     extra = {"heartbeat_interval": HEARTBEAT_SECONDS, "grace_period": GRACE_SECONDS} if heartbeat else {}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
+        except Exception as err:  # two sweeps making a new database's tables at once: the later one
+            if "UniqueViolation" not in type(err).__name__ + str(err):  # fails; the tables are there a moment later
+                raise
+            time.sleep(1.0)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy, the driver and Optuna each raise their own
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(scrub(f"--storage {masked(url)}: the database does not answer ({type(err).__name__}: "
                                  f"{first})", url)) from None
+
+
+def with_driver(url: str) -> str:
+    """A ``postgresql://`` URL names the driver the sweep extra installs (psycopg2): SQLAlchemy 2.1's default for a
+    bare ``postgresql://`` is psycopg 3."""
+    for bare in ("postgresql://", "postgres://"):
+        if url.startswith(bare):
+            return "postgresql+psycopg2://" + url[len(bare):]
+    return url
 
 
 def child_environment(url: str) -> dict:

@@ -1,0 +1,106 @@
+"""packrl sweep on a real PostgreSQL server (Debian's package: initdb in a temporary folder, a loopback port, as
+the postgres user when the tests run as root, since postgres refuses root): two sweeps in two folders share one
+study and finish N trials between them, no trial number twice, and the password is never printed or written."""
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSWORD = "pg-s3cret-Pw"
+SPACE = "defaults = false\n[train]\nlearning_rate = { low = 1e-4, high = 3e-2 }\nnum_steps = 32\nupdate_epochs = 2\n" \
+        "[vec]\nnum_envs = 8\n"
+
+
+def _bin(name):
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name)]
+    assert found[-1], f"{name} not found: install Debian's postgresql (.ci/run does)"
+    return found[-1]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    folder = Path(tempfile.mkdtemp(prefix="packrl-pg-"))
+    as_user = []
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    pwfile = folder / "pw"
+    pwfile.write_text(PASSWORD + "\n")
+    if as_user:
+        shutil.chown(pwfile, "postgres", "postgres")
+    subprocess.run([*as_user, _bin("initdb"), "-D", str(folder / "db"), "-U", "packrl", f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256"], check=True, capture_output=True)
+    port = _free_port()
+    server = subprocess.Popen([*as_user, _bin("postgres"), "-D", str(folder / "db"), "-p", str(port), "-k", str(folder),
+                               "-c", "listen_addresses=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"postgresql://packrl:{PASSWORD}@127.0.0.1:{port}/postgres"
+    end = time.monotonic() + 60
+    while True:
+        try:
+            psycopg2.connect(url).close()
+            break
+        except psycopg2.OperationalError:
+            assert time.monotonic() < end and server.poll() is None, "postgres did not start"
+            time.sleep(0.3)
+    yield url
+    server.terminate()
+    server.wait(30)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep(url, out, space, *extra):
+    return subprocess.Popen([sys.executable, "-m", "packrl", "sweep", "cartpole", "--trials", "4", "--budget", "2048",
+                             "--space", str(space), "--pruner", "none", "--storage", url, "--study", "shared",
+                             "--out", str(out), "--no-live", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def test_two_sweeps_share_one_postgresql_study_and_never_show_its_password(postgres, tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    first, second = _sweep(postgres, tmp_path / "a", space), _sweep(postgres, tmp_path / "b", space, "--seed", "1")
+    outputs = [p.communicate(timeout=400) for p in (first, second)]
+    assert first.returncode == 0 and second.returncode == 0, outputs
+    with psycopg2.connect(postgres) as db, db.cursor() as cursor:
+        cursor.execute("select t.number, t.state from trials t join studies s on s.study_id = t.study_id "
+                       "where s.study_name = 'shared' order by t.number")
+        rows = cursor.fetchall()
+    numbers = [n for n, _ in rows]
+    assert len(numbers) == len(set(numbers)) and [s for _, s in rows].count("COMPLETE") == 4, rows
+    ran = [{int(p.name) for p in (tmp_path / f / "trials").iterdir() if p.is_dir()} for f in ("a", "b")]
+    assert ran[0] and ran[1] and not ran[0] & ran[1] and ran[0] | ran[1] == set(numbers)
+    for text in [*(o for pair in outputs for o in pair)]:
+        assert PASSWORD not in text
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert PASSWORD.encode() not in path.read_bytes(), path
+    assert "***" in (tmp_path / "a" / "sweep.json").read_text()
+    shown = subprocess.run([sys.executable, "-m", "packrl", "sweep", "show", str(tmp_path / "a"), "--storage", postgres,
+                            "--no-plots"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert shown.returncode == 0 and "best trials" in shown.stdout and PASSWORD not in shown.stdout + shown.stderr
+    refused = subprocess.run([sys.executable, "-m", "packrl", "sweep", "show", str(tmp_path / "a")],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 2 and "--storage" in refused.stderr and PASSWORD not in refused.stderr
+
+
+def test_a_wrong_password_is_one_line_without_it(postgres, tmp_path):
+    wrong = postgres.replace(PASSWORD, "not-the-Pw1")
+    done = subprocess.run([sys.executable, "-m", "packrl", "sweep", "cartpole", "--budget", "4096", "--storage", wrong,
+                           "--out", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "does not answer" in done.stderr and "not-the-Pw1" not in done.stderr + done.stdout
