@@ -104,3 +104,28 @@ def test_a_wrong_password_is_one_line_without_it(postgres, tmp_path):
                            "--out", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "does not answer" in done.stderr and "not-the-Pw1" not in done.stderr + done.stdout
+
+
+def test_killing_one_of_two_sweeps_mid_trial_leaves_the_other_running_to_n(postgres, tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    study = ["--study", "shared-kill", "--budget", "4096"]
+    killed, survivor = _sweep(postgres, tmp_path / "a", space, *study), _sweep(postgres, tmp_path / "b", space, "--seed",
+                                                                               "1", *study)
+    end = time.monotonic() + 300
+    while not any(p.is_file() and p.read_text().count("\n") >= 2 for p in (tmp_path / "a").glob("trials/*/history.jsonl")):
+        assert time.monotonic() < end and killed.poll() is None
+        time.sleep(0.2)
+    killed.kill()  # SIGKILL mid-trial: its trial is left RUNNING, then failed by the survivor once its heartbeat stops
+    killed.communicate()
+    stdout, stderr = survivor.communicate(timeout=600)
+    assert survivor.returncode == 0, stderr
+    with psycopg2.connect(postgres) as db, db.cursor() as cursor:
+        cursor.execute("select t.number, t.state from trials t join studies s on s.study_id = t.study_id "
+                       "where s.study_name = 'shared-kill' order by t.number")
+        rows = cursor.fetchall()
+    numbers = [n for n, _ in rows]
+    assert len(numbers) == len(set(numbers)) and [s for _, s in rows].count("COMPLETE") == 4, rows
+    cut = {int(p.name) for p in (tmp_path / "a" / "trials").iterdir() if p.is_dir()} - \
+        {n for n, s in rows if s == "COMPLETE"}
+    assert cut and all(dict(rows)[n] == "FAIL" for n in cut)  # the killed sweep's trial: failed, not counted
