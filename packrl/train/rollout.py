@@ -45,7 +45,7 @@ class PolicyStep:
         self.recurrent = len(policy.initial_state(1, self.device)) > 0
         spec = storage.spec
         # the spec's step_sampler: a discrete draw without a distribution object
-        self.sampler = spec.step_sampler(storage.values.shape[1], self.device) if storage.draws_choices else None
+        self.sampler = spec.step_sampler(storage.num_rows, self.device) if storage.draws_choices else None
         self.step_function: Callable | None = None  # the policy's rollout form for the driver's batch (``prepare``)
         self.in_place = False  # the state kept at fixed addresses (CUDA graphs read it there)
         self.state: tuple = ()
@@ -57,7 +57,7 @@ class PolicyStep:
             for s in self.state:
                 s.zero_()
         else:
-            self.state = self.policy.initial_state(self.storage.values.shape[1], self.device)
+            self.state = self.policy.initial_state(self.storage.num_rows, self.device)
 
     def hold_state_in_place(self) -> tuple:
         """From here on the state stays at its addresses (as normal tensors); returns a copy of it."""

@@ -12,7 +12,7 @@ from packrl.train.storage import RolloutStorage
 def first_non_finite_env_value(storage: RolloutStorage, env: Any, iteration: int) -> str | None:
     """The first non-finite reward or acting observation of the rollout in ``storage``, as one line naming its
     step, env row and leaf; None when all is finite (one host sync then)."""
-    T, num_rows = storage.num_steps, storage.values.shape[1]
+    T, num_rows = storage.num_steps, storage.num_rows
     rewards = storage.rewards
     checks = [("reward", ~torch.isfinite(rewards), rewards, list(range(num_rows)))]
     for name, values, rows in _float_observation_leaves(storage.obs, env, num_rows):

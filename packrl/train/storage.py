@@ -58,7 +58,7 @@ class RolloutStorage:
 
     def __init__(self, observations: np.ndarray, num_steps: int, num_rows: int, device: torch.device,
                  decoder: Any, staged: bool, recurrent: bool = False):
-        T, N, self.device, self.num_steps = num_steps, num_rows, device, num_steps
+        T, N, self.device, self.num_steps, self.num_rows = num_steps, num_rows, device, num_steps, num_rows
         self.decoder, self.spec, self.recurrent = decoder, action_spec(decoder), recurrent
         self._slots = {
             "obs": torch.zeros((T + 1, N, *observations.shape[1:]), dtype=torch_dtype(observations.dtype), device=device),
@@ -68,6 +68,9 @@ class RolloutStorage:
             "terminal": torch.zeros((T, N), dtype=torch.bool, device=device),
             "truncation": torch.zeros((T, N), dtype=torch.bool, device=device),
         }
+        # the rollout's (T, rows, ...) views, made once (a slice is a torch op): read-only outside this class
+        self.obs, self.masks, self.starts = (self._slots[k][:T] for k in ("obs", "mask", "start"))
+        self.rewards, self.terminals, self.truncations = (self._slots[k] for k in ("reward", "terminal", "truncation"))
         self.logprobs = torch.zeros((T, N), device=device)
         self.values = torch.zeros((T, N), device=device)
         self.final_values = torch.zeros((T, N), device=device)
@@ -79,7 +82,7 @@ class RolloutStorage:
         self._views = [self._make_views(t, slice(None)) for t in range(T)]
 
     def _allocate_actions(self, staged: bool) -> None:
-        T, N, dev, spec = self.num_steps, *self.values.shape[1:], self.device, self.spec
+        T, N, dev, spec = self.num_steps, self.num_rows, self.device, self.spec
         self.actions: Any = None
         self._noise: Any = None
         self._action_views: list = []
@@ -130,30 +133,6 @@ class RolloutStorage:
         return self._staged is not None
 
     @property
-    def obs(self) -> torch.Tensor:
-        return self._slots["obs"][: self.num_steps]
-
-    @property
-    def masks(self) -> torch.Tensor:
-        return self._slots["mask"][: self.num_steps]
-
-    @property
-    def starts(self) -> torch.Tensor:
-        return self._slots["start"][: self.num_steps]
-
-    @property
-    def rewards(self) -> torch.Tensor:
-        return self._slots["reward"]
-
-    @property
-    def terminals(self) -> torch.Tensor:
-        return self._slots["terminal"]
-
-    @property
-    def truncations(self) -> torch.Tensor:
-        return self._slots["truncation"]
-
-    @property
     def next_masks(self) -> torch.Tensor:
         """Which rows act at the step after the rollout (slot T)."""
         return self._slots["mask"][self.num_steps]
@@ -194,7 +173,7 @@ class RolloutStorage:
         T = self.num_steps
         self._put(T, "obs", obs)
         self._put(T, "mask", masks)
-        self._put(T, "start", np.ones(self.values.shape[1], bool))
+        self._put(T, "start", np.ones(self.num_rows, bool))
         self.send_staged()
 
     def store_outcome(self, t: int, rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndarray,
@@ -286,7 +265,7 @@ class RolloutStorage:
         """V(observation after the rollout) of every row, returned, and V(final observation) of each truncation of
         the rollout written into ``final_values``, from one ``value_of(x, state, starts)`` call. A truncated row's
         final value is read with the state that saw its episode (the state after the step that ended it)."""
-        T, N = self.num_steps, self.values.shape[1]
+        T, N = self.num_steps, self.num_rows
         x, done = self._slots["obs"][T], self._slots["start"][T]
         if self._truncated:
             finals = torch.as_tensor(np.concatenate([f for _, _, f, _ in self._truncated])).to(self.device)
