@@ -7,7 +7,7 @@ because an earlier one failed says which). The checks:
 - the buffers' shapes and dtypes;
 - every observation leaf inside its space (NaN, out of range), naming the step, the env row, the leaf and
   the value; an observation the emulator refused to pack is reported here too, not as an action failure;
-- the policy reads the packed uint8 rows (a float cast before nativize fails here);
+- the policy reads the packed rows (a float cast before nativize fails here);
 - logits as wide as the env's action layout asks, values one per row, both finite;
 - reset and step return the API's values ((observation, info), 5 values, dict infos; the pre-0.26 gym API
   is named);
@@ -126,7 +126,7 @@ def check_env(vecenv: Any, policy: torch.nn.Module, steps: int = 64, device: str
             report.add("policy reads the packed rows", "fail", f"step {step}: {_describe(err)}")
             return report.finish(problems, f"not run: the policy failed at step {step}", step)
         if step == 0:
-            report.add("policy reads the packed rows", "ok", f"uint8 rows {tuple(obs.shape)}")
+            report.add("policy reads the packed rows", "ok", f"{np.asarray(obs).dtype} rows {tuple(obs.shape)}")
             if not _check_outputs(vecenv, policy, logits, values, report):
                 return report.finish(problems, "not run: the policy's outputs have the wrong shape", 0)
         _check_finite_outputs(logits, values, ~tainted, step, problems)

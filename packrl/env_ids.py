@@ -52,9 +52,11 @@ class GymnasiumCreator:
     def __call__(self) -> Any:
         import gymnasium
 
+        from packrl.library_noise import quiet_known_prints
+
         if self.module:
             importlib.import_module(self.module)
-        return gymnasium.make(self.env_id, **self.kwargs)
+        return quiet_known_prints(self.env_id, gymnasium.make(self.env_id, **self.kwargs))
 
     def __repr__(self) -> str:
         return f"GymnasiumCreator({self.env_id!r}, {self.kwargs!r}, module={self.module!r})"

@@ -267,3 +267,32 @@ def test_train_without_an_env_names_the_env_it_picked(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[0] == ("packrl train: no ENV given: training 'gridworld', packrl's default env.id "
                                            "(name one: packrl train CartPole-v1)")
+
+
+# ---------------------------------------------------------------- other libraries' noise, and check's words
+
+
+def test_check_names_the_dtype_of_the_rows_the_policy_reads():
+    done = packrl("check", "CartPole-v1", "--num-envs", "8", "--steps", "4")
+    assert done.returncode == 0, done.stderr
+    assert "float32 rows (8, 4)" in done.stdout and "uint8 rows" not in done.stdout, done.stdout
+
+
+def test_babyai_rejection_sampling_prints_nothing():
+    """BabyAI-PickupLoc-v0 rejects 4 missions over the resets of seeds 0-15 and prints each rejection."""
+    done = packrl("check", "BabyAI-PickupLoc-v0", "--num-envs", "16", "--steps", "8")
+    assert done.returncode == 0, done.stderr
+    assert "Sampling rejected" not in done.stdout + done.stderr
+
+
+def test_eval_render_without_a_display_prints_no_sdl_line(tmp_path):
+    checkpoint = save_untrained(tmp_path / "checkpoint")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "packrl", "eval", str(checkpoint), "--episodes", "2", "--render",
+                           str(tmp_path / "episode.gif")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "XDG_RUNTIME_DIR" not in done.stdout + done.stderr and (tmp_path / "episode.gif").is_file()
+    assert all(line.startswith("eval: ") for line in done.stderr.splitlines()), done.stderr  # progress only

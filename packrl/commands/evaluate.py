@@ -195,7 +195,11 @@ def _number(x: float) -> str:
 
 def _headless_gl() -> None:
     """Without a display, MuJoCo's default OpenGL (GLFW) cannot open a context: render through EGL instead,
-    unless the user chose a backend (MUJOCO_GL, read when the first renderer is made)."""
+    unless the user chose a backend (MUJOCO_GL, read when the first renderer is made). pygame (gymnasium's
+    classic control) draws rgb_array frames off screen: SDL's dummy video driver, unless SDL_VIDEODRIVER is set,
+    so SDL does not look for a display and print its XDG_RUNTIME_DIR line."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("MUJOCO_GL")):
         os.environ["MUJOCO_GL"] = "egl"
         os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
