@@ -9,9 +9,38 @@ from packrl.envs.pettingzoo_face import aec_env, parallel_env
 from packrl.errors import EmulationError, UsageError
 
 
-@pytest.mark.parametrize("name", envs.names())
+@pytest.mark.parametrize("name", [name for name in envs.names() if not envs.spec(name).turns])
 def test_parallel_api_test_passes(name):
     parallel_api_test(parallel_env(name), num_cycles=200)
+
+
+def test_a_turn_based_env_has_no_parallel_form():
+    with pytest.raises(UsageError, match="moves in turns"):
+        parallel_env("connect_four")
+
+
+def test_the_turn_based_aec_face_plays_connect_four_like_pettingzoo():
+    from pettingzoo.classic import connect_four_v3
+
+    ours, ref = aec_env("connect_four"), connect_four_v3.env()
+    ours.reset(seed=0)
+    ref.reset(seed=0)
+    for column in [3, 4, 3, 4, 3, 4, 3]:  # player_0 wins down column 3
+        assert ours.agent_selection == ref.agent_selection
+        mine, theirs = ours.last(), ref.last()
+        np.testing.assert_array_equal(mine[0]["observation"], theirs[0]["observation"])
+        np.testing.assert_array_equal(mine[0]["action_mask"], theirs[0]["action_mask"])
+        assert mine[1:4] == theirs[1:4]
+        ours.step(column)
+        ref.step(column)
+    for agent in ours.agent_iter():
+        assert agent == ref.agent_selection
+        mine, theirs = ours.last(), ref.last()
+        assert mine[1:4] == theirs[1:4]
+        np.testing.assert_array_equal(mine[0]["observation"], theirs[0]["observation"])
+        ours.step(None)
+        ref.step(None)
+    assert ours.agents == ref.agents == []
 
 
 @pytest.mark.parametrize("name", envs.names())

@@ -81,8 +81,15 @@ def _simple_spread() -> NumbaEnv:
     return simple_spread_spec()
 
 
+def _connect_four() -> NumbaEnv:
+    from packrl.envs.connect_four import spec as connect_four_spec
+
+    return connect_four_spec()
+
+
 register("cartpole", _cartpole)
 register("gridworld", _gridworld)
 register("simple_spread", _simple_spread)
+register("connect_four", _connect_four)
 
 __all__ = ["BatchedNumbaEnv", "NumbaEnv", "batched", "make", "names", "register", "spec"]

@@ -22,6 +22,13 @@ Rows: agent ``a`` of copy ``i`` is row ``i * num_agents_per_copy + a``; ``emulat
 ``0 .. agents - 1``), ``possible_agents`` one copy's agents, ``agents_per_env`` their count: as
 ``vector.make(pettingzoo_env, num_envs, backend="serial")``. All agents share ``observation_space`` and
 ``action_space`` (one group); agents with different spaces are not supported yet.
+
+Turn-based games (``NumbaEnv(..., turns=True)``, laid out as ``vector.make`` lays out an emulated AEC env):
+``live`` marks the one agent due to move; ``reset`` and every ``step`` set it (``live[a] = a == mover``) and write
+every agent's observation. Only the mover's action is read and only its row is shown (the others are zeros and
+unmasked). A reward given to an agent is held until its next turn and delivered there (as PettingZoo's ``last()``
+gives it). The game ends for all agents at once: set every agent's ``terminated`` (or ``truncated``); each
+agent's last observation goes to ``final_observations`` with its flags and held rewards, and the copy is reset.
 """
 from __future__ import annotations
 
@@ -62,7 +69,7 @@ class AgentsKernelSource(KernelSource):
 
     def _buffers(self) -> list[str]:
         return ["observations", *self.obs_args, "final_observations", "rng", "rewards", "terminals",
-                "truncations", "masks", "before", "lengths", "bad"]
+                "truncations", "masks", "before", "pending", "lengths", "bad"]
 
     def _obs_expr(self) -> str:
         if self.passthrough:
@@ -91,12 +98,51 @@ class AgentsKernelSource(KernelSource):
         with code.loops(self.row_shape, var="j") as inner:
             code(line.format(j=inner))
 
+    def _parallel_outcome(self, code: Code) -> None:
+        """After a step of copy ``i``: each agent that was live and ended gets its final row, a zeroed row and its
+        mask off; agents not stepped report nothing; ``alive`` counts the agents live now (joiners too)."""
+        with code.block("for a in range(A):"):
+            with code.block("if before[i, a]:"):
+                code("if limit and not terminals[i, a]:", "    truncations[i, a] = True")
+                with code.block("if terminals[i, a] or truncations[i, a]:"):
+                    self._row_loops(code, "final_observations[i, a, {j}] = observations[i, a, {j}]")
+                    self._row_loops(code, "observations[i, a, {j}] = 0")
+                    code("masks[i, a] = False")
+                with code.block("else:"):
+                    code("masks[i, a] = True", "alive += 1")
+            with code.block("else:"):  # not stepped: nothing of it is reported
+                code("rewards[i, a] = 0.0", "terminals[i, a] = False", "truncations[i, a] = False")
+                with code.block("if masks[i, a]:"):
+                    code("alive += 1")
+                with code.block("else:"):
+                    self._row_loops(code, "observations[i, a, {j}] = 0")
+
+    def _turns_outcome(self, code: Code) -> None:
+        """After a turn-based step of copy ``i``: the game over (every row final, held rewards delivered) or the
+        next mover's row shown with its held rewards."""
+        code("over = limit")
+        with code.block("for a in range(A):"):
+            code("if terminals[i, a] or truncations[i, a]:", "    over = True")
+        with code.block("if over:"), code.block("for a in range(A):"):
+            code("if limit and not terminals[i, a]:", "    truncations[i, a] = True",
+                 "rewards[i, a] += pending[i, a]", "pending[i, a] = 0.0")
+            self._row_loops(code, "final_observations[i, a, {j}] = observations[i, a, {j}]")
+            self._row_loops(code, "observations[i, a, {j}] = 0")
+            code("masks[i, a] = False")
+        with code.block("else:"), code.block("for a in range(A):"):
+            code("pending[i, a] += rewards[i, a]", "rewards[i, a] = 0.0")
+            with code.block("if masks[i, a]:"):
+                code("rewards[i, a] = pending[i, a]", "pending[i, a] = 0.0", "alive += 1")
+            with code.block("else:"):
+                self._row_loops(code, "observations[i, a, {j}] = 0")
+
     def _reset_copy(self, code: Code) -> None:
-        """Reset copy ``i``: rows zeroed, every agent live, the user reset, absent agents' rows zeroed."""
+        """Reset copy ``i``: rows zeroed, every agent live (turns: the user reset marks the mover), the user
+        reset, rows of absent agents (turns: of those not to move) zeroed."""
         code("lengths[i] = 0")
         with code.block("for a in range(A):"):
             self._row_loops(code, "observations[i, a, {j}] = 0")
-            code("masks[i, a] = True")
+            code("masks[i, a] = True", "pending[i, a] = 0.0")
         code("_user_reset(state, obs, masks[i], rng[i])")
         with code.block("for a in range(A):"), code.block("if not masks[i, a]:"):
             self._row_loops(code, "observations[i, a, {j}] = 0")
@@ -124,23 +170,9 @@ class AgentsKernelSource(KernelSource):
                      f"_user_step(state, {self._action_expr()}, obs, rewards[i], terminals[i], truncations[i], "
                      "masks[i], rng[i])",
                      "lengths[i] += 1", "limit = MAX_STEPS > 0 and lengths[i] >= MAX_STEPS", "c = 0")
-                self._agent_checks(code, 0, "before[i, a] or masks[i, a]")
+                self._agent_checks(code, 0, "True" if self.env.turns else "before[i, a] or masks[i, a]")
                 code("alive = 0")
-                with code.block("for a in range(A):"):
-                    with code.block("if before[i, a]:"):
-                        code("if limit and not terminals[i, a]:", "    truncations[i, a] = True")
-                        with code.block("if terminals[i, a] or truncations[i, a]:"):
-                            self._row_loops(code, "final_observations[i, a, {j}] = observations[i, a, {j}]")
-                            self._row_loops(code, "observations[i, a, {j}] = 0")
-                            code("masks[i, a] = False")
-                        with code.block("else:"):
-                            code("masks[i, a] = True", "alive += 1")
-                    with code.block("else:"):  # not stepped: nothing of it is reported
-                        code("rewards[i, a] = 0.0", "terminals[i, a] = False", "truncations[i, a] = False")
-                        with code.block("if masks[i, a]:"):
-                            code("alive += 1")
-                        with code.block("else:"):
-                            self._row_loops(code, "observations[i, a, {j}] = 0")
+                (self._turns_outcome if self.env.turns else self._parallel_outcome)(code)
                 with code.block("if c == 0 and alive == 0:"):
                     self._reset_copy(code)
                     self._agent_checks(code, nleaves, "masks[i, a]")
@@ -232,6 +264,7 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         self.state = {key: np.zeros((n, *_as_shape(shape)), np.dtype(dtype)) for key, (shape, dtype) in env.state.items()}
         self.rng = np.zeros((n, RNG_WORDS), np.uint64)
         self._before = np.zeros((n, per), bool)
+        self._pending = np.zeros((n, per), np.float32)  # turns: rewards held until each agent's next turn
         self._lengths = np.zeros(n, np.int64)
         self._bad = np.full(n, -1, np.int64)
         self._seeded = False
@@ -252,7 +285,7 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         final = self.final_observations.reshape(by_copy.shape)
         two = (n, per)
         buffers = (by_copy, *leaves, final, self.rng, self.rewards.reshape(two), self.terminals.reshape(two),
-                   self.truncations.reshape(two), self.masks.reshape(two), self._before, self._lengths, self._bad)
+                   self.truncations.reshape(two), self.masks.reshape(two), self._before, self._pending, self._lengths, self._bad)
         self._step_tail = (*self.state.values(), *buffers)
         self._reset_tail = self._step_tail
 

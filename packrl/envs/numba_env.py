@@ -102,6 +102,8 @@ class NumbaEnv:
     ``action_space``; empty: one agent and the single-agent kernels above. With agents the kernels are
     ``reset(state, obs, live, rng)`` and ``step(state, actions, obs, rewards, terminated, truncated, live, rng)``
     (:mod:`packrl.envs.numba_agents`)."""
+    turns: bool = False
+    """Agents move in turns (an AEC game): ``live`` marks the one agent due to move (:mod:`packrl.envs.numba_agents`)."""
 
     def __post_init__(self) -> None:
         for role in ("reset", "step"):
@@ -117,6 +119,8 @@ class NumbaEnv:
                 _as_shape(shape), np.dtype(dtype)
             except (TypeError, ValueError):
                 raise EnvError(f"numba env {self.name!r}: state field {key!r} must be (shape, dtype), got {spec!r}") from None
+        if self.turns and len(self.agents) < 2:
+            raise EnvError(f"numba env {self.name!r}: turns=True needs at least two agents, got {list(self.agents)}")
         if len(set(self.agents)) != len(self.agents) or any(not isinstance(a, str) or not a for a in self.agents):
             raise EnvError(f"numba env {self.name!r}: agents must be distinct non-empty names, got {list(self.agents)}")
         if self.max_episode_steps is not None and int(self.max_episode_steps) <= 0:

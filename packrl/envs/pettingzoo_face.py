@@ -5,7 +5,9 @@ observations (the env's ``observation_space``, unpacked from the row, a copy) an
 ``action_space``, then given to the kernel in its policy-facing form). A single-agent env has one agent,
 ``"agent_0"``. The batched env resets a copy whose agents all ended within the same step; this face hides that:
 the step reports each ended agent's final observation, ``agents`` becomes empty, and ``reset`` starts the next
-episode. ``aec_env`` is PettingZoo's own ``parallel_to_aec`` over the Parallel form (no Numba env moves in turns yet).
+episode. ``aec_env`` of a turn-based env (``turns=True``) is :class:`NumbaAECEnv`, moving in the env's own order
+(``agent_selection`` is the agent due to move); of any other env, PettingZoo's ``parallel_to_aec`` over the
+Parallel form. A turn-based env has no Parallel form (as PettingZoo's classic games have none).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from pettingzoo.utils.env import ParallelEnv
+from pettingzoo.utils.env import AECEnv, ParallelEnv
 
 from packrl.envs.numba_env import NumbaEnv
 from packrl.errors import EmulationError, UsageError
@@ -30,6 +32,9 @@ class NumbaParallelEnv(ParallelEnv):
         from packrl.vector.numba_backend import resolve
 
         spec: NumbaEnv = resolve(env)
+        if spec.turns and type(self) is NumbaParallelEnv:
+            raise UsageError(f"numba env {spec.name!r} moves in turns: it has no PettingZoo Parallel form; use "
+                             "packrl.envs.pettingzoo_face.aec_env")
         self.numba_env = spec
         self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
         self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
@@ -120,13 +125,90 @@ class NumbaParallelEnv(ParallelEnv):
         return self.metadata["name"]
 
 
+class NumbaAECEnv(AECEnv):
+    """PettingZoo's ``AECEnv`` over one copy of a turn-based Numba env: ``agent_selection`` is the agent due to
+    move. ``observe(agent)`` gives the agent's row as the batched env shows it: the mover's observation, zeros for
+    an agent not to move, the final observation once the game ended."""
+
+    def __init__(self, env: Any, seed: int = 0, **kwargs: Any):
+        super().__init__()
+        self._face = _TurnRows(env, seed=seed, **kwargs)
+        spec = self._face.numba_env
+        self.possible_agents = list(spec.agents)
+        self.agents: list = []
+        self.metadata = {"name": f"packrl_numba_{spec.name}", "is_parallelizable": False, "render_modes": []}
+        self.render_mode = None
+        self._obs: dict = {}
+
+    def observation_space(self, agent: Any) -> spaces.Space:
+        return self._face.observation_space(agent)
+
+    def action_space(self, agent: Any) -> spaces.Space:
+        return self._face.action_space(agent)
+
+    def observe(self, agent: Any) -> Any:
+        return self._obs[agent]
+
+    def _read(self, rows: np.ndarray) -> None:
+        self._obs = {agent: self._face._native(rows[row]) for agent, row in self._face._row.items()}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        rows, _ = self._face.batched.reset(seed=seed)
+        self.agents = self.possible_agents[:]
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {agent: {} for agent in self.agents}
+        self._read(rows)
+        self.agent_selection = self._face._alive()[0]
+
+    def step(self, action: Any) -> None:
+        mover = self.agent_selection
+        if self.terminations[mover] or self.truncations[mover]:
+            self._was_dead_step(action)
+            return
+        batch = self._face._policy_batch({mover: action})
+        rows, rewards, terminals, truncations, _ = self._face.batched.step(batch)
+        self._cumulative_rewards[mover] = 0.0
+        self.rewards = {agent: float(rewards[row]) for agent, row in self._face._row.items()}
+        if terminals.any() or truncations.any():  # the game ended for every agent (and the copy was reset)
+            self._read(self._face.batched.final_observations)
+            for agent, row in self._face._row.items():
+                self.terminations[agent], self.truncations[agent] = bool(terminals[row]), bool(truncations[row])
+            order = self.possible_agents
+            self.agent_selection = order[(order.index(mover) + 1) % len(order)]
+        else:
+            self._read(rows)
+            self.agent_selection = self._face._alive()[0]
+        self._accumulate_rewards()
+
+    def render(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._face.close()
+
+    def __str__(self) -> str:
+        return self.metadata["name"]
+
+
+class _TurnRows(NumbaParallelEnv):
+    """The row reading and action encoding of the Parallel face, for a turn-based env's AEC face."""
+
+
 def parallel_env(env: Any, seed: int = 0, **kwargs: Any) -> NumbaParallelEnv:
     """One copy of a Numba env (a NumbaEnv or a registered name) as a PettingZoo ParallelEnv."""
     return NumbaParallelEnv(env, seed=seed, **kwargs)
 
 
 def aec_env(env: Any, seed: int = 0, **kwargs: Any) -> Any:
-    """One copy of a Numba env as a PettingZoo AECEnv (PettingZoo's ``parallel_to_aec`` of the Parallel form)."""
+    """One copy of a Numba env as a PettingZoo AECEnv: NumbaAECEnv for a turn-based env, else PettingZoo's
+    ``parallel_to_aec`` of the Parallel form."""
     from pettingzoo.utils.conversions import parallel_to_aec
 
+    from packrl.vector.numba_backend import resolve
+
+    if resolve(env).turns:
+        return NumbaAECEnv(env, seed=seed, **kwargs)
     return parallel_to_aec(NumbaParallelEnv(env, seed=seed, **kwargs))
