@@ -115,3 +115,46 @@ def test_objectives_from_history_rows():
     points = report_points(1000)
     assert len(points) == 20 and points[-1] == 1000 and all(a < b for a, b in zip(points, points[1:]))
     assert math.isclose(Objective("return", 1000).intermediate(rows), (25 + 40 + 50) / 3)  # the last 3 iterations
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "cmaes", "random"])
+def test_each_sampler_searches_the_default_space_and_the_same_seed_proposes_the_same_trials(sampler):
+    from packrl.sweep.study import make_sampler
+
+    def proposals(seed):
+        study = optuna.create_study(sampler=make_sampler(sampler, seed), direction="maximize")
+        out = []
+        for i in range(12):  # past TPE's and CMA-ES's random start-up trials
+            trial = study.ask()
+            values = default_space().suggest(trial)
+            out.append(values)
+            study.tell(trial, values["train"]["learning_rate"] * (i % 3))
+        return out
+
+    assert proposals(0) == proposals(0)
+    assert proposals(0) != proposals(1)
+
+
+@pytest.mark.parametrize("name", ["median", "hyperband"])
+def test_the_pruners_stop_a_trial_reporting_far_worse_than_the_others(name):
+    from packrl.sweep.objective import REPORTS
+    from packrl.sweep.study import make_pruner
+
+    study = optuna.create_study(direction="maximize", pruner=make_pruner(name),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(12):  # Hyperband compares a trial with those of its own bracket (3 brackets here)
+        trial = study.ask()
+        for step in range(1, REPORTS + 1):
+            trial.report(100.0 + step, step)
+            trial.should_prune()  # as a trial process asks at each report (Hyperband records its rungs then)
+        study.tell(trial, 100.0 + REPORTS)
+    pruned_at = []
+    for _ in range(3):
+        weak = study.ask()
+        for step in range(1, REPORTS + 1):
+            weak.report(1.0, step)
+            if weak.should_prune():
+                pruned_at.append(step)
+                break
+    assert pruned_at and max(pruned_at) < REPORTS
+    assert not make_pruner("none").prune(study, study.trials[-1])

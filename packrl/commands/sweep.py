@@ -64,6 +64,10 @@ def show_parser(name: str) -> _Parser:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        import optuna  # noqa: F401 - imported only to learn whether the sweep extra is installed
+    except ImportError:
+        return _fail("needs Optuna, which is not installed: pip install 'packrl[sweep]'")
     if argv[:1] and argv[0] in SUBCOMMANDS:
         args = show_parser(argv[0]).parse_args(argv[1:])
         return _results(argv[0], args)
