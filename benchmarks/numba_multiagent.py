@@ -1,8 +1,11 @@
 """Multi-agent Numba envs: agent-steps/s of the Numba simple_spread next to mpe2's simple_spread_v3 through packrl's
 serial backend (vector.make of the emulated ParallelEnv), side by side in one run, at 64 copies on one core;
-and the Numba env alone at 4096 copies on one core (threads=1).
+the Numba env alone at 4096 copies on one core (threads=1); then the Numba connect_four next to PettingZoo's
+connect_four_v3 through the serial backend at 64 copies (moves/s: copies x steps; each step's legal random moves are
+drawn outside the timed step call, from the rows' action masks, for both alike).
 
-Targets (issue 40): >= 100x mpe2 through the serial backend at 64 copies; >= 10M agent-steps/s at 4096 copies.
+Targets (issue 40): >= 100x mpe2 through the serial backend at 64 copies; >= 10M agent-steps/s at 4096 copies;
+connect_four >= 100x PettingZoo's through packrl.
 Each cell: median of --repeats interleaved timed runs of fixed random actions (3 agents per copy: an agent-step is
 one agent's step). Usage: python benchmarks/numba_multiagent.py [--repeats N] [--seconds S]
 """
@@ -16,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 from common import machine_line
 from mpe2 import simple_spread_v3
+from pettingzoo.classic import connect_four_v3
 
 from packrl import vector
 
@@ -74,6 +78,41 @@ def main() -> None:
     big_cpu = cpu_rates["packrl numba simple_spread, threads=1, 4096 copies"]
     print(f"numba at 4096 copies, one thread: median {statistics.median(big) / 1e6:.2f}M agent-steps per wall second, "
           f"{statistics.median(big_cpu) / 1e6:.2f}M per CPU second (target >= 10M)")
+    connect_four(args.repeats, args.seconds)
+
+
+def moves_per_second(env: Any, n: int, seconds: float, rng: np.random.Generator) -> float:
+    """Copies x steps per second of ``env.step`` alone, with legal random moves from the rows' action masks."""
+    masks_of = env.emulated.observation
+    took, steps = 0.0, 0
+    while took < seconds:
+        mask = masks_of.unpack(env.observations)["action_mask"].astype(bool)
+        acts = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        start = time.perf_counter()
+        env.step(acts)
+        took += time.perf_counter() - start
+        steps += 1
+    return steps * n / took
+
+
+def connect_four(repeats: int, seconds: float) -> None:
+    n = 64
+    built = {"pettingzoo connect_four_v3, serial backend": vector.make(connect_four_v3.env, n, backend="serial", seed=0),
+             "packrl numba connect_four, threads=1": vector.make("connect_four", n, backend="numba", seed=0, threads=1)}
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    for env in built.values():
+        env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(repeats):
+        for name, env in built.items():
+            rates[name].append(moves_per_second(env, n, seconds, rng))
+    print(f"\nconnect_four at {n} copies, moves/s (copies x steps, the step call alone), median [min-max]:")
+    for name, r in rates.items():
+        print(f"  {name:<52} {statistics.median(r) / 1e6:8.3f}M [{min(r) / 1e6:.3f}-{max(r) / 1e6:.3f}]")
+    ref, ours = rates.values()
+    pairs = sorted(o / r for r, o in zip(ref, ours))
+    print(f"numba / pettingzoo, paired by round: median {statistics.median(pairs):.0f}x [{pairs[0]:.0f}-{pairs[-1]:.0f}] "
+          "(target >= 100x)")
 
 
 if __name__ == "__main__":
