@@ -136,16 +136,18 @@ def profile_collect(ppo, sync) -> tuple[float, float, dict]:
     return busy_us * 1e-6 / wall, launches / ppo.config.num_steps, {e.key: e.count for e in averages}
 
 
-def default_ppo(env, device: str, bf16: bool):
-    """PPO as every row of this script runs it: the default policy (hidden 128), 64 steps, 2 epochs x 4 minibatches."""
+def default_ppo(env, device: str, bf16: bool, graphs: bool = False):
+    """PPO as every row of this script runs it: the default policy (hidden 128), 64 steps, 2 epochs x 4 minibatches;
+    ``graphs``: the rollout as CUDA graphs (``cuda_graphs``, opt-in until this script shows it at least as fast)."""
     from packrl.models import Policy
     from packrl.train.ppo import PPO, PPOConfig
 
     return PPO(env, Policy.from_env(env, hidden=128), PPOConfig(num_steps=64, num_minibatches=4, update_epochs=2,
-                                                                learning_rate=1e-3, device=device, bf16=bf16))
+                                                                learning_rate=1e-3, device=device, bf16=bf16,
+                                                                cuda_graphs=graphs))
 
 
-def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool) -> dict:
+def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool, graphs: bool = False) -> dict:
     """One PPO configuration's split: env-only rate, collect and update ms per iteration (median), end-to-end agent
     steps/s (profiler off), then one profiled collect: device-busy share and launches per step."""
     import torch
@@ -154,8 +156,8 @@ def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool) 
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     env = vector.make(env_id, num_envs, backend="numba", seed=0)
-    ppo = default_ppo(env, device, bf16)
-    ppo.collect()  # the first iteration captures the rollout's CUDA graphs
+    ppo = default_ppo(env, device, bf16, graphs)
+    ppo.collect()  # the first iteration captures the rollout's CUDA graphs (with graphs)
     ppo.update()
     sync()
     collects, updates, steps, tic = [], [], 0, time.perf_counter()
@@ -170,7 +172,7 @@ def split(env_id: str, num_envs: int, device: str, iterations: int, bf16: bool) 
         updates.append(time.perf_counter() - t1)
     rate = steps / (time.perf_counter() - tic)
     busy, launches, _ = profile_collect(ppo, sync)
-    graphs = bool(getattr(ppo, "_graphs", None))
+    graphs = ppo.graphs.captured
     env.close()
     return {"env": env_id, "num_envs": num_envs, "env_only": env_only_rate(env_id, num_envs), "collect_ms":
             statistics.median(collects) * 1e3, "update_ms": statistics.median(updates) * 1e3, "sps": rate,
@@ -250,8 +252,10 @@ def main() -> None:
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
         check_kernel("cuda", T=128, N=4096)
         time_kernel(128, 16384, args.repeats)
-    rows = [split("gridworld", n, args.device, args.split_iterations, bf16=cuda) for n in split_envs]
-    rows += [split("cartpole", n, args.device, args.split_iterations, bf16=cuda) for n in split_envs[:2]]
+    # eager and graph rollouts side by side (the graphs stay opt-in until they are at least as fast here)
+    modes = (False, True) if cuda else (False,)
+    rows = [split("gridworld", n, args.device, args.split_iterations, cuda, g) for n in split_envs for g in modes]
+    rows += [split("cartpole", n, args.device, args.split_iterations, cuda, g) for n in split_envs[:2] for g in modes]
     print_splits(rows, args.device)
     learn(args.train_seconds, args.num_envs, args.device, bf16=cuda)
 
