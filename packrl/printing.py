@@ -4,7 +4,10 @@ terminal, and a lone surrogate (from a JSON ``"\\ud800"`` or an undecodable file
 raise UnicodeEncodeError."""
 from __future__ import annotations
 
+import json
+import math
 import re
+from typing import Any
 
 _UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 """C0, DEL, C1, line and paragraph separators, bidi controls, and surrogates (a Python str holds a surrogate
@@ -19,3 +22,23 @@ def shown(text: object) -> str:
 
 def _escape_one(match: re.Match) -> str:
     return match.group().encode("unicode_escape").decode("ascii")  # "\\x1b", "\\n", "\\u202e", "\\ud800"
+
+
+NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+"""How ``strict_json`` writes a non-finite float: as these strings (RFC 8259 JSON has no NaN or Infinity)."""
+
+
+def strict_json(value: Any, **dumps: Any) -> str:
+    """``value`` as strict RFC 8259 JSON, ASCII only (control characters and lone surrogates as ``\\u``
+    escapes): a non-finite float is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``."""
+    return json.dumps(_finite(value), ensure_ascii=True, allow_nan=False, **dumps)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return NON_FINITE[repr(value)]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

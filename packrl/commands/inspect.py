@@ -2,9 +2,11 @@
 
 Reads ``metadata.json`` and the safetensors header with the standard library (no torch, no numpy), checks
 both hashes, and prints. Nothing in the checkpoint is imported, called or allocated. Every text read from the
-files is printed with its control characters escaped (``\\x1b``), long fields shortened (``--full`` prints
-them whole) and the RNG states of ``resume`` as a SHA-256 digest (``--full``: as stored). Exit status: 0 when
-the hashes match, 1 when they do not, 2 when the folder is not a readable checkpoint.
+files is printed with its control characters and lone surrogates escaped (``\\x1b``, ``\\ud800``), long fields
+shortened (``--full`` prints them whole) and the RNG states of ``resume`` as a SHA-256 digest (``--full``: as
+stored). ``--json`` prints strict JSON (RFC 8259): a non-finite number as the string "NaN", "Infinity" or
+"-Infinity". Exit status: 0 when the hashes match, 1 when they do not, 2 when the folder is not a readable
+checkpoint.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from packrl.printing import strict_json
 from packrl.run_folders import printable
 
 SUMMARY_FIELDS = ("format", "env_id", "seed", "global_step", "iteration", "created", "sha256", "weights_sha256")
@@ -24,8 +27,9 @@ FIELD_CHARS = 400
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (metadata.json + model.safetensors), or a run folder "
                         "(its newest checkpoint)")
-    parser.add_argument("--json", action="store_true", help="print metadata and tensors as one JSON object (ASCII: "
-                        "control characters escaped)")
+    parser.add_argument("--json", action="store_true", help="print metadata and tensors as one strict JSON object "
+                        "(RFC 8259, ASCII: control characters and lone surrogates as \\u escapes; a non-finite number "
+                        "as the string \"NaN\", \"Infinity\" or \"-Infinity\")")
     parser.add_argument("--full", action="store_true", help="print long fields whole and the RNG states as stored "
                         "(default: cut to %d characters, RNG states as a SHA-256 digest)" % FIELD_CHARS)
 
@@ -78,10 +82,10 @@ def inspect_command(checkpoint: str, as_json: bool = False, full: bool = False) 
         problem = str(err)
     shown = metadata if full else {**metadata, "resume": _rng_digests(metadata["resume"])} if "resume" in metadata \
         else metadata
-    if as_json:  # ensure_ascii: every control character is an escape
-        print(json.dumps({"metadata": shown, "hashes_match": problem is None, "problem": problem, "skipped": skipped,
-                          "tensors": {t.name: {"dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes}
-                                      for t in tensors.values()}}, indent=2, ensure_ascii=True))
+    if as_json:  # strict JSON, ASCII: every control character and lone surrogate is an escape
+        print(strict_json({"metadata": shown, "hashes_match": problem is None, "problem": problem, "skipped": skipped,
+                           "tensors": {t.name: {"dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes}
+                                       for t in tensors.values()}}, indent=2))
     else:
         _print(checkpoint, shown, tensors, problem, full)
     return 0 if problem is None else 1
@@ -126,6 +130,7 @@ def _print(checkpoint: str, metadata: dict, tensors: dict, problem: str | None, 
             summary.add_row(escape(_text(key, full)), shown(value, _text(key, full)))
     if metadata.get("optimizer") is not None:
         groups = metadata["optimizer"].get("param_groups", []) if isinstance(metadata["optimizer"], dict) else []
+        groups = groups if isinstance(groups, list) else []  # a hostile file's param_groups may be anything
         summary.add_row("optimizer", escape(f"{len(groups)} param group(s): ") + shown(
             [{k: v for k, v in g.items() if k != 'params'} for g in groups if isinstance(g, dict)]))
     console.print(summary)
@@ -151,6 +156,7 @@ def _layout_table(name: str, layout: Any, escape: Any, full: bool = False) -> An
     from packrl.checkpoint import leaf_name
 
     leaves = layout.get("leaves", []) if isinstance(layout, dict) else []
+    leaves = leaves if isinstance(leaves, list) else []
     nbytes = layout.get("nbytes", "?") if isinstance(layout, dict) else "?"
     table = Table(title=escape(_text(f"{name} layout: {_text(nbytes, full)} bytes, {len(leaves)} leaves", full)))
     for column in ("path", "field", "dtype", "shape", "offset"):

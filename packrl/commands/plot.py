@@ -8,6 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from packrl.printing import shown
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="a run folder (it holds history.jsonl)")
@@ -28,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot_command(run: str, out: str | None = None, title: str | None = None) -> int:
     from packrl.errors import PackrlError
-    from packrl.run_folders import error_line, printable
-    from packrl.train.plot import INSTALL, matplotlib_available, plot_learning_curve
-    from packrl.history import read_history
+    from packrl.history import read_history_rows
+    from packrl.run_folders import error_line
+    from packrl.train.plot import INSTALL, left_out, matplotlib_available, plot_learning_curve
 
     folder = Path(run)
     history = folder / "history.jsonl"
@@ -40,21 +42,26 @@ def plot_command(run: str, out: str | None = None, title: str | None = None) -> 
         return _fail(f"drawing a curve needs matplotlib, which is not installed: {INSTALL}")
     target = Path(out) if out is not None else folder / "learning_curve.png"
     try:
-        written = plot_learning_curve(read_history(history), target, title or folder.resolve().name)
+        read = read_history_rows(history)
+    except OSError as err:
+        return _fail(f"{history}: cannot be read ({err.strerror or err})")
+    stopped = read.stopped and f"{read.stopped}; it and the lines after it are left out"
+    note = "; ".join(f"{history}: {why}" for why in (stopped, left_out(read.rows)) if why)
+    try:
+        written = plot_learning_curve(read.rows, target, title or folder.resolve().name)
     except (PackrlError, OSError) as err:
-        return _fail(f"{target}: {error_line(err)}")
+        return _fail(f"{target}: {error_line(err)}" + (f" ({note})" if note else ""))
     if written is None:
-        print(printable(f"packrl plot: no episode ended in {history}: nothing to draw"), file=sys.stderr)
-        return 1
-    print(printable(f"learning curve: {written}"))
+        return _fail(f"no episode ended in {history}: nothing to draw" + (f" ({note})" if note else ""), 1)
+    if note:  # what the curve leaves out, one line
+        print(shown(f"packrl plot: {note}"), file=sys.stderr)
+    print(shown(f"learning curve: {written}"))
     return 0
 
 
-def _fail(message: str) -> int:
-    from packrl.run_folders import printable
-
-    print(printable(f"packrl plot: {message}"), file=sys.stderr)
-    return 2
+def _fail(message: str, code: int = 2) -> int:
+    print(shown(f"packrl plot: {message}"), file=sys.stderr)
+    return code
 
 
 class _Parser(argparse.ArgumentParser):

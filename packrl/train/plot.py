@@ -7,11 +7,15 @@ and its closing line (``curve_line``) says how to draw the curve later. Nothing 
 from __future__ import annotations
 
 import io
+import json
 import math
 import shlex
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from packrl.printing import shown
 
 INSTALL = "pip install 'packrl[plot]'"
 """How a user gets matplotlib, said wherever a curve could not be drawn for want of it."""
@@ -26,13 +30,20 @@ def matplotlib_available() -> bool:
     return True
 
 
+PLOT_RANGE = 1e300
+"""A number plotted (a step, a return, a win rate) lies within ±PLOT_RANGE: matplotlib's axis arithmetic
+overflows near float64's limit (1.8e308)."""
+MAX_SERIES = 32
+"""At most this many agents' return lines are drawn (the first by name); the rest are left out, said."""
+
+
 def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Path | None:
     """Mean episode return per iteration against agent steps, as a PNG; None when no episode ended or when
     matplotlib is not installed (``curve_line`` tells the two apart). With several agents per env, one line per
-    agent; in two-player games also the win rate against a random opponent (right axis). Non-finite values are
-    left out of the plot (history.jsonl keeps them). The file is written by ``run_folders.write_file``: a
-    symlink in its place is refused, not followed."""
-    agents = sorted({k for h in history for k in h if k.startswith("episode_return/")})
+    agent (``MAX_SERIES`` at most); in two-player games also the win rate against a random opponent (right
+    axis). Non-finite values are left out of the plot (history.jsonl keeps them), as are rows ``left_out``
+    names. The file is written by ``run_folders.write_file``: a symlink in its place is refused, not followed."""
+    agents = sorted({k for h in history for k in h if k.startswith("episode_return/")})[:MAX_SERIES]
     series = {k.partition("/")[2]: _points(history, k) for k in agents} or {"per iteration": _points(history, "episode_return")}
     series = {name: pts for name, pts in series.items() if len(pts)}
     wins = _points(history, "vs_random/win")
@@ -47,12 +58,12 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     for name, (steps, returns) in ((n, pts.T) for n, pts in series.items()):
-        ax.plot(steps, returns, lw=1, alpha=0.4 if len(series) == 1 else 0.8, label=name)
+        ax.plot(steps, returns, lw=1, alpha=0.4 if len(series) == 1 else 0.8, label=_label(name))
         window = max(1, len(returns) // 20)
         if window > 1 and len(series) == 1:
             smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
-    ax.set(xlabel="agent steps", ylabel="episode return", title=title)
+    ax.set(xlabel="agent steps", ylabel="episode return", title=_label(title))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
     if len(wins):
@@ -72,16 +83,69 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
 
 def curve_line(folder: Path) -> str:
     """The run's closing line about its curve: where it is, that no episode ended, or (without matplotlib) that
-    it was not drawn and the one command that draws it from the history the run wrote."""
+    it was not drawn and the one command that draws it from the history the run wrote (control characters in
+    the folder's name escaped)."""
     if not matplotlib_available():
-        return (f"learning curve: not drawn, matplotlib is not installed (the figures are in "
-                f"{folder / 'history.jsonl'}); to draw it: {INSTALL}, then packrl plot {shlex.quote(str(folder))}")
+        return shown(f"learning curve: not drawn, matplotlib is not installed (the figures are in "
+                     f"{folder / 'history.jsonl'}); to draw it: {INSTALL}, then packrl plot {shlex.quote(str(folder))}")
     curve = folder / "learning_curve.png"
-    return f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}"
+    return shown(f"learning curve: {curve if curve.exists() else '(no episode ended, no curve)'}")
+
+
+def left_out(history: list[dict]) -> str | None:
+    """What ``plot_learning_curve`` leaves out of the curve besides non-finite values, as one phrase (None when
+    nothing): rows whose step or a plotted figure is not a number within ±PLOT_RANGE, and agents past
+    ``MAX_SERIES``."""
+    bad = [(i, why) for i, row in enumerate(history, 1) if (why := _unplottable(row)) is not None]
+    agents = len({k for h in history for k in h if k.startswith("episode_return/")})
+    parts = []
+    if bad:
+        parts.append(f"{len(bad)} of {len(history)} rows left out of the curve (row {bad[0][0]}: {bad[0][1]})")
+    if agents > MAX_SERIES:
+        parts.append(f"{agents - MAX_SERIES} of {agents} agents' returns left out (at most {MAX_SERIES} lines drawn)")
+    return "; ".join(parts) or None
+
+
+def _plotted(key: str) -> bool:
+    return key in ("episode_return", "vs_random/win") or key.startswith("episode_return/")
+
+
+def _number(value: Any) -> bool:
+    """A JSON number that can be plotted (a non-finite float is not, but is no error: it means no data)."""
+    if type(value) is int:  # math.isfinite would raise OverflowError on 10**400
+        return abs(value) <= PLOT_RANGE
+    return type(value) is float and (not math.isfinite(value) or abs(value) <= PLOT_RANGE)
+
+
+def _unplottable(row: dict) -> str | None:
+    """Why a history row cannot be plotted, or None."""
+    figures = [(k, v) for k, v in row.items() if _plotted(k) and v is not None]
+    if not figures:
+        return None
+    step = row.get("global_step")
+    if not _number(step) or not math.isfinite(float(step)):
+        return f"global_step {short(step)} is not a finite number within ±{PLOT_RANGE:g}"
+    for key, value in figures:
+        if not _number(value):
+            return f"{shown(key[:80])} {short(value)} is not a number within ±{PLOT_RANGE:g}"
+    return None
 
 
 def _points(history: list[dict], key: str) -> np.ndarray:
-    """(n, 2) array of (global_step, value) where ``key`` holds a finite number."""
+    """(n, 2) array of (global_step, value) where ``key`` holds a finite number and the row is plottable."""
     pts = [(h["global_step"], h[key]) for h in history
-           if isinstance(h.get(key), (int, float)) and math.isfinite(h[key]) and "global_step" in h]
+           if _number(h.get(key)) and math.isfinite(float(h[key])) and _unplottable(h) is None]
     return np.array(pts, dtype=np.float64).reshape(-1, 2)
+
+
+def _label(text: str) -> str:
+    """Text for matplotlib: control characters escaped, ``$`` literal (not mathtext, whose parser raises on a
+    stray one), and no leading ``_`` (which hides a legend entry)."""
+    text = shown(text).replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def short(value: Any) -> str:
+    """A value as shown in a message: its JSON, cut to 60 characters, control characters escaped."""
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
+    return shown(text if len(text) <= 60 else text[:57] + "...")
