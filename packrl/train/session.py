@@ -654,9 +654,9 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
         console.print(line, highlight=False, soft_wrap=True)
     if last is not None and not scores:
         console.print(f"last mean episode return {last:.3f} after {ppo.global_step:,} agent steps", highlight=False, soft_wrap=True)
-    console.print(f"run folder: {folder}", highlight=False, soft_wrap=True)
-    console.print(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: packrl eval --sha256
-                  + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""), highlight=False, soft_wrap=True)
+    console.print(escape(printable(f"run folder: {folder}")), highlight=False, soft_wrap=True)
+    console.print(escape(printable(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: eval --sha256
+                  + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""))), highlight=False, soft_wrap=True)
     from packrl.train.plot import curve_line
 
     console.print(curve_line(folder), highlight=False, soft_wrap=True, markup=False)  # without matplotlib: how to draw it
