@@ -129,3 +129,20 @@ def test_an_agents_observation_out_of_its_space_names_the_agent():
 def test_agent_names_must_be_distinct():
     with pytest.raises(EnvError, match="distinct"):
         NumbaEnv("dup", OBS, ACT, {"count": (3, np.int64)}, _reset, _step, agents=("a", "a"))
+
+
+@pytest.mark.parametrize("name", ["simple_spread", "connect_four"])
+def test_halves_of_an_env_with_agents_step_as_the_whole(name):
+    halves = vector.make(name, 4, backend="numba", seed=3, halves=True)
+    whole = vector.make(name, 4, backend="numba", seed=3)
+    assert (halves.num_envs, halves.num_agents, halves.agents_per_env) == (4, whole.num_agents, 3 if name == "simple_spread" else 2)
+    assert halves.rows == (slice(0, whole.num_agents // 2), slice(whole.num_agents // 2, whole.num_agents))
+    np.testing.assert_array_equal(halves.reset(seed=3)[0], whole.reset(seed=3)[0])
+    np.testing.assert_array_equal(halves.masks, whole.masks)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        acts = rng.integers(0, 5, whole.num_agents) if name == "simple_spread" else \
+            np.where(whole.masks, rng.integers(0, 7, whole.num_agents), 0)
+        for a, b in zip(halves.step(acts)[:4], whole.step(acts)[:4]):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(halves.masks, whole.masks)

@@ -106,3 +106,21 @@ def test_an_action_outside_the_space_is_refused_naming_the_row():
     acts[4] = 5
     with pytest.raises(Exception, match="index 4"):
         env.step(acts)
+
+
+def test_threaded_and_timed_steps_give_the_serial_results():
+    n = 400  # 1,200 agent rows: threads=None times the serial loop against the threads
+    serial = envs.make("simple_spread", num_envs=n, seed=1, threads=1)
+    threaded = envs.make("simple_spread", num_envs=n, seed=1, threads=2)
+    timed = envs.make("simple_spread", num_envs=n, seed=1)
+    assert timed.thread_choice is not None
+    outs = [env.reset()[0].copy() for env in (serial, threaded, timed)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    rng = np.random.default_rng(0)
+    for _ in range(60):  # past the 25-step truncation: same-step resets in every kernel
+        acts = rng.integers(0, 5, n * 3)
+        results = [env.step(acts) for env in (serial, threaded, timed)]
+        for other in results[1:]:
+            for k in range(4):
+                np.testing.assert_array_equal(results[0][k], other[k])

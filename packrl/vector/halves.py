@@ -31,12 +31,16 @@ class NumbaHalves:
         self.whole = make_numba(env, 2 * n, seed=seed, threads=1)  # the metadata and arrays of all copies
         self.halves: tuple[BatchedNumbaEnv, BatchedNumbaEnv] = (make_numba(env, n, seed=seed, **kwargs),
                                                                 make_numba(env, n, seed=seed + n, **kwargs))
-        self.rows = (slice(0, n), slice(n, 2 * n))
         w = self.whole
+        per = getattr(w, "agents_per_env", 1)  # rows per copy: a Numba env with agents has one per agent
+        self.rows = (slice(0, n * per), slice(n * per, 2 * n * per))
+        self._per = per
         for half, rows in zip(self.halves, self.rows):
             half.set_buffers(w.observations[rows], w.final_observations[rows], w.rewards[rows], w.terminals[rows],
                              w.truncations[rows], w.masks[rows])
-        self.num_envs = self.num_agents = 2 * n
+        self.num_envs, self.num_agents = 2 * n, w.num_agents
+        if per > 1:
+            self.agents_per_env = per
         self.name, self.numba_env, self.emulated, self.passthrough = w.name, w.numba_env, w.emulated, w.passthrough
         self.possible_agents = self.agents = w.agents
         self.single_observation_space, self.single_action_space = w.single_observation_space, w.single_action_space
@@ -48,7 +52,7 @@ class NumbaHalves:
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         """Reset both halves: ``seed`` seeds copy j with ``seed + j`` (None: as ``BatchedNumbaEnv.reset``)."""
         for half, rows in zip(self.halves, self.rows):
-            half.reset(None if seed is None else int(seed) + rows.start, options)
+            half.reset(None if seed is None else int(seed) + rows.start // self._per, options)  # seed + copy index
         return self.observations, {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
