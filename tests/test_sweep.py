@@ -110,7 +110,11 @@ def test_bad_input_is_one_line_and_exit_2(finished, space, tmp_path):
     out, _ = finished
     bad_space = tmp_path / "bad.toml"
     bad_space.write_text("[train]\nlearning_rate = { low = 1e-3, high = 1e-4 }\n")
+    other_space = tmp_path / "other.toml"
+    other_space.write_text(SPACE.replace("high = 0.3", "high = 0.35"))
     cases = [
+        (["--space", str(other_space), "--budget", BUDGET, "--out", str(out)], "exists with another space"),
+        (["--space", str(space), "--budget", "4096", "--out", str(out)], "exists with another budget"),
         (["--space", str(bad_space)], "low 0.001 > high 0.0001"),
         (["--budget", "100"], "smaller than one iteration"),
         (["--objective", "steps-to:x"], "--objective"),
