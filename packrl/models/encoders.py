@@ -28,7 +28,7 @@ compile ``uint8.view(torch.bool).float()``, and the raw bytes carry the same val
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from packrl.emulation.layout import Layout, Leaf
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.heads import layer_init
-from packrl.models.networks import IN_PLACE, activation
+from packrl.models.networks import activation
 from packrl.nativize import TORCH_DTYPES, check_rows, leaf_view, leaf_views, nativize, torch_dtype
 from packrl.running_moments import merge_moments
 
@@ -629,51 +629,6 @@ class LayoutEncoder(nn.Module):
         linear = self._linear[0]
         out = self._act(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
-
-    def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for batches shaped and typed as ``x`` (a rollout step's observations), run without autograd.
-        For a float32 Box passed through as itself (a flat ``(B, *shape)``): the same ops as ``forward`` (scale,
-        clamp when normalizing, projection, activation) written into buffers of its own, with none of the branches,
-        lookups and allocations that at rollout batch sizes cost more than the ops; each call overwrites the last
-        call's output. Any other input gets ``forward`` itself."""
-        if not self._flat_box_passes(x):
-            return self.forward
-        shift, scale, size, normalize = self.flat_shift, self.flat_scale, self.flat_size, self.normalize
-        act, weight_t, bias = IN_PLACE[self._act], self._linear[0].weight.t(), self._linear[0].bias
-        features, out = weight_t.new_empty((x.shape[0], size)), weight_t.new_empty((x.shape[0], self.hidden))
-
-        flat = x.ndim == 2  # (B, size) already: no reshape to dispatch
-
-        def encode(x: torch.Tensor) -> torch.Tensor:
-            torch.addcmul(shift, x if flat else x.reshape(-1, size), scale, out=features)
-            if normalize:
-                features.clamp_(-NORMALIZED_CLIP, NORMALIZED_CLIP)
-            return act(torch.addmm(bias, features, weight_t, out=out))  # F.linear's op for 2-d input
-        return encode
-
-    def forward_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for batches shaped and typed as ``x`` (a minibatch's observations, flattened over time), for
-        training: for a float32 Box passed through as itself, the same ops as ``forward`` (autograd records them as
-        usual) without its branches and lookups. Any other input gets ``forward`` itself."""
-        if not self._flat_box_passes(x):
-            return self.forward
-        shift, scale, size, normalize = self.flat_shift, self.flat_scale, self.flat_size, self.normalize
-        act, weight, bias = self._act, self._linear[0].weight, self._linear[0].bias
-        flat = x.ndim == 2
-
-        def encode(x: torch.Tensor) -> torch.Tensor:
-            features = torch.addcmul(shift, x if flat else x.reshape(-1, size), scale)
-            if normalize:
-                features = features.clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP)
-            return act(F.linear(features, weight, bias))
-        return encode
-
-    def _flat_box_passes(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` is the layout's float32 Box itself, one row per leading index, read by the flat features
-        alone (what the step and forward functions compute without ``forward``)."""
-        box = self.passthrough_leaf
-        return (box is not None and self.flat_size > 0 and not self.flat_any_symlog and x.dtype == torch.float32
-                and x.ndim == len(box.shape) + 1 and self._is_passthrough(x))
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:
         """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""

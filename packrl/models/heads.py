@@ -6,7 +6,7 @@ samples from and scores, and ``decoder.to_numpy(action)`` the arrays ``env.step`
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,22 +47,6 @@ class ActionHead(nn.Module):
     def logits_size(self) -> int:
         return self.spec.logits_size
 
-    def step_function(self, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` without a mask for batches of ``rows`` rows, run without autograd: discrete logits written
-        into a buffer of its own (each call overwrites the last call's); continuous heads get ``forward``."""
-        if self.spec.num_continuous:
-            return self.forward
-        weight_t, bias = self.discrete.weight.t(), self.discrete.bias
-        out = weight_t.new_empty((rows, weight_t.shape[1]))
-        return lambda hidden: torch.addmm(bias, hidden, weight_t, out=out)  # F.linear's op for 2-d input
-
-    def forward_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` without a mask, bound to this head's parameters, for training (autograd as usual)."""
-        if self.spec.num_continuous:
-            return self.forward
-        weight, bias = self.discrete.weight, self.discrete.bias
-        return lambda hidden: F.linear(hidden, weight, bias)
-
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.spec.num_continuous == 0:  # discrete only (the common case): one linear, then the mask
             return apply_mask(F.linear(hidden, self.discrete.weight, self.discrete.bias), mask)
@@ -86,17 +70,6 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.linear.weight, self.linear.bias).squeeze(-1)
-
-    def forward_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` bound to this head's parameters, for training (autograd as usual)."""
-        weight, bias = self.linear.weight, self.linear.bias
-        return lambda hidden: F.linear(hidden, weight, bias).squeeze(-1)
-
-    def step_function(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """``forward`` that writes the values into ``out`` ``(rows, 1)`` (a column of storage), run without
-        autograd: ``step(hidden, out)``."""
-        weight_t, bias = self.linear.weight.t(), self.linear.bias
-        return lambda hidden, out: torch.addmm(bias, hidden, weight_t, out=out)  # F.linear's op for 2-d input
 
 
 class Decoder(nn.Module):

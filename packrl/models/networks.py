@@ -13,7 +13,6 @@ Stepping ``step`` T times equals one ``sequence`` over T, resets included.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +23,7 @@ from packrl.torch_private import fused_gru, fused_lstm
 State = tuple[torch.Tensor, ...]
 
 ACTIVATIONS: dict[str, tuple] = {"relu": (torch.relu, nn.ReLU), "tanh": (torch.tanh, nn.Tanh)}
-"""The feedforward layers' nonlinearity by name: the function the fast paths call and the module that shows it."""
-IN_PLACE = {torch.relu: torch.relu_, torch.tanh: torch.tanh_}
-"""Each activation function's in-place twin: the rollout's step functions apply it to buffers they own."""
+"""The feedforward layers' nonlinearity by name: the function the forward calls and the module that shows it."""
 
 
 def activation(name: str) -> tuple:
@@ -69,20 +66,6 @@ class MLP(nn.Module):
             x = self._act(F.linear(x, layer.weight, layer.bias))
         return x
 
-    def step_function(self, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``_layers`` for batches of ``rows`` rows, writing into buffers of its own (the same ops, no allocation):
-        the rollout's form, run without autograd; each call overwrites the previous call's output. It holds views
-        of the weights, so it is made again after their storage moves (``PPO`` makes one per rollout)."""
-        act = IN_PLACE[self._act]
-        layers = tuple((layer.weight.t(), layer.bias, layer.weight.new_empty((rows, layer.out_features)))
-                       for layer in self._linears)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            for weight_t, bias, out in layers:  # what F.linear computes for 2-d input: addmm(bias, x, weight.t())
-                x = act(torch.addmm(bias, x, weight_t, out=out))
-            return x
-        return forward
-
     def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         return self._layers(x), state
 
@@ -113,16 +96,6 @@ class TwinMLP(nn.Module):
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
         both = x.reshape(-1, 2, self.hidden_size).transpose(0, 1)  # (2, N, hidden): a view, no copy
         return self._act(torch.baddbmm(self.bias, both, self.weight.transpose(1, 2)))
-
-    def step_function(self, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``_layers`` for batches of ``rows`` rows, writing into a buffer of its own (see ``MLP.step_function``)."""
-        act, width, weight_t, bias = IN_PLACE[self._act], self.hidden_size, self.weight.transpose(1, 2), self.bias
-        out = weight_t.new_empty((2, rows, width))
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            both = x.reshape(-1, 2, width).transpose(0, 1)
-            return act(torch.baddbmm(bias, both, weight_t, out=out))
-        return forward
 
     def step(self, x: torch.Tensor, state: State, done: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         return self._layers(x), state

@@ -16,20 +16,21 @@ are masked (probability 0). ``policy.decoder.distribution(logits)`` gives ``samp
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
-from torch.nn.modules import module as torch_module
 
+from packrl.config import PolicyConfig
 from packrl.emulation.actions import ActionLayout
 from packrl.emulation.layout import Layout
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
 from packrl.models.encoders import LayoutEncoder
-from packrl.models.heads import ActionHead, Decoder, ValueHead
+from packrl.models.heads import Decoder
 from packrl.models.networks import MLP, State, TwinMLP, make_network
 
 
@@ -116,13 +117,15 @@ class Policy(nn.Module):
         return cls(encoder, net, decoder, mask, row_bytes)
 
     @classmethod
-    def from_env(cls, env: Any, network: str = "mlp", hidden: int = 128, group: int | None = None,
-                 overrides: dict | None = None, log_std_init: float = 0.0, use_action_mask: bool = True,
-                 critic: str = "shared", normalize_observations: bool = False, squash_actions: bool = True,
-                 activation: str = "relu") -> "Policy":
-        """The policy of an emulated env (``env.emulated``): its observation Layout, ActionLayout and
-        action-mask path. An env whose agents fall into several groups (different spaces) needs
-        ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or ``per_group``."""
+    def from_env(cls, env: Any, config: PolicyConfig | None = None, *, group: int | None = None,
+                 use_action_mask: bool = True, **settings: Any) -> "Policy":
+        """The policy of an emulated env (``env.emulated``: its observation Layout, ActionLayout and action-mask
+        path) as ``config`` describes it (``packrl.config.PolicyConfig``, the one place a policy setting's
+        default is written), ``settings`` (its field names: ``network=``, ``hidden=``, ...) replacing fields.
+        ``overrides`` name leaves by tuple or as ``'a/0/b'``. An env whose agents fall into several groups
+        (different spaces) needs ``group=i`` (that group's rows are ``env.emulated.groups[i].rows``), or
+        ``per_group``."""
+        config = dataclasses.replace(config or PolicyConfig(), **settings)
         emulated = env.emulated
         if group is None:
             if emulated.heterogeneous:
@@ -133,15 +136,16 @@ class Policy(nn.Module):
             group = 0
         g = emulated.groups[group]
         row_bytes = g.observation.nbytes if g.observation.nbytes != emulated.nbytes else None
-        return cls.from_layouts(g.observation, g.action, network, hidden,
-                                g.action_mask if use_action_mask else None, overrides, log_std_init, row_bytes,
-                                critic, normalize_observations, squash_actions, activation)
+        overrides = {_leaf_path(path): choice for path, choice in (config.overrides or {}).items()}
+        return cls.from_layouts(g.observation, g.action, config.network, config.hidden,
+                                g.action_mask if use_action_mask else None, overrides or None, config.log_std_init,
+                                row_bytes, config.critic, config.normalize_observations, config.squash_actions,
+                                config.activation)
 
     @classmethod
-    def per_group(cls, env: Any, network: str = "mlp", hidden: int = 128, **kwargs: Any) -> nn.ModuleList:
+    def per_group(cls, env: Any, config: PolicyConfig | None = None, **settings: Any) -> nn.ModuleList:
         """One policy per agent group of ``env.emulated``; policy i acts for rows ``groups[i].rows``."""
-        return nn.ModuleList(cls.from_env(env, network, hidden, group=i, **kwargs)
-                             for i in range(len(env.emulated.groups)))
+        return nn.ModuleList(cls.from_env(env, config, group=i, **settings) for i in range(len(env.emulated.groups)))
 
     # ------------------------------------------------------------ running
 
@@ -170,56 +174,34 @@ class Policy(nn.Module):
         return logits, values, state
 
     def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """``forward_eval`` of a stateless policy for batches shaped and typed as ``x``, as one function over the
-        modules' own step functions, run without autograd: ``step(x, values) -> logits`` writes the values into
-        ``values`` ``(rows, 1)`` and returns logits in a buffer that the next call overwrites. The same ops in the
-        same order as ``forward_eval`` (so the same bits), without the module calls, checks and allocations that at
-        rollout batch sizes cost more than the ops. None where that does not hold: a recurrent network, an action
-        mask, trimmed rows, a component or policy class of the user's own, or a module with hooks (which a bypassed
-        call would skip)."""
-        if not self._own_stateless_parts(Policy.forward_eval):
+        """``forward_eval`` of a stateless policy as the rollout calls it, for batches like ``x``: ``step(x, values)
+        -> logits`` writes the values into ``values`` ``(rows, 1)`` (a column of rollout storage) and returns the
+        logits, the bits of ``forward_eval`` (it is ``forward_eval``: module calls, hooks and all). None for a
+        policy with a recurrent state, which the rollout carries itself. benchmarks/model_forms.py measured
+        hand-written forms of these modules (no module calls, ``out=`` buffers) at 1.0-1.26x the plain modules over
+        whole runs on CartPole, the gridworld and MiniGrid, below issue 38's 1.3x bar for a second form."""
+        if self._recurrent(x):
             return None
-        rows = x.shape[0]
-        encode, layers = self.encoder.step_function(x), self.network.step_function(rows)
-        actor, critic = self.decoder.actor.step_function(rows), self.decoder.critic.step_function()
-        if self.twin:
-            def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-                hidden = layers(encode(x))
-                critic(hidden[1], values)
-                return actor(hidden[0])
-        else:
-            def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-                hidden = layers(encode(x))
-                critic(hidden, values)
-                return actor(hidden)
+        forward_eval = self.forward_eval
+
+        def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            logits, value, _ = forward_eval(x)
+            values.copy_(value.unsqueeze(-1))
+            return logits
         return step
 
     def forward_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-        """``forward`` of a stateless policy for batches shaped and typed as ``x`` ``(B, T, ...)``, for training:
-        ``forward(x) -> (logits (B, T, L), values (B, T))``, the same ops in the same order (so the same bits and the
-        same gradients), without the module calls and per-call checks. None where ``step_function`` is None."""
-        if not self._own_stateless_parts(Policy.forward):
+        """``forward`` of a stateless policy as the update calls it, for minibatches like ``x`` ``(B, T, ...)``:
+        ``forward(x) -> (logits (B, T, L), values (B, T))``, ``forward`` itself (the same bits and gradients). None
+        where ``step_function`` is None."""
+        if self._recurrent(x):
             return None
-        encode = self.encoder.forward_function(x.reshape((-1,) + tuple(x.shape[2:])))
-        layers, twin = self.network._layers, self.twin
-        actor, critic = self.decoder.actor.forward_function(), self.decoder.critic.forward_function()
+        forward = self.forward
+        return lambda x: forward(x)[:2]
 
-        def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            b, t = x.shape[:2]
-            hidden = layers(encode(x.reshape((b * t,) + tuple(x.shape[2:]))))
-            logits, values = (actor(hidden[0]), critic(hidden[1])) if twin else (actor(hidden), critic(hidden))
-            return logits.reshape(b, t, -1), values.reshape(b, t)
-        return forward
-
-    def _own_stateless_parts(self, method: Any) -> bool:
-        """Whether the fast forms may stand for ``method`` (``Policy.forward_eval`` or ``Policy.forward``): packrl's
-        own stateless components, no action mask or trimmed rows, ``method`` not overridden, and no module hooks
-        (which a bypassed module call would skip)."""
-        return (getattr(type(self), method.__name__) is method and self.action_mask is None
-                and self.row_bytes is None and type(self.encoder) is LayoutEncoder
-                and type(self.network) in (MLP, TwinMLP) and type(self.decoder) is Decoder
-                and type(self.decoder.actor) is ActionHead and type(self.decoder.critic) is ValueHead
-                and not _has_hooks(self))
+    def _recurrent(self, x: torch.Tensor) -> bool:
+        """Whether this policy carries a state from step to step (its network's initial state is not empty)."""
+        return len(self.initial_state(1, x.device)) > 0
 
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, State]:
@@ -257,8 +239,8 @@ class Policy(nn.Module):
         return self.decoder.distribution(logits)
 
 
-def _has_hooks(module: nn.Module) -> bool:
-    """Whether a forward hook (global or on ``module`` or any submodule) would run on a module call."""
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+def _leaf_path(path: Any) -> Any:
+    """A leaf path of ``PolicyConfig.overrides``: a tuple as it is, ``'a/0/b'`` as ``('a', 0, 'b')``."""
+    if not isinstance(path, str):
+        return path
+    return tuple(int(part) if part.isdigit() else part for part in path.split("/"))
