@@ -289,6 +289,7 @@ def _main(argv: list[str] | None = None) -> int:
             return commands.configs.run(args)
         config, preset = config_from_args(args)
         from packrl.env_ids import env_creator  # not packrl.train.run: no torch before a bad env id
+        from packrl.printing import shown
 
         if args.command == "train" and args.name is not None:
             from packrl.run_folders import check_name
@@ -299,6 +300,9 @@ def _main(argv: list[str] | None = None) -> int:
             if args.env is None and args.resume is None and not args.env_from_file:
                 print(f"packrl train: no ENV given: training {config['env']['id']!r}, packrl's default env.id "
                       "(name one: packrl train CartPole-v1)", file=sys.stderr)
+            if sys.stdout.isatty() and os.environ.get("RANK", "0") == "0":  # torch, the envs and a JIT take seconds
+                print(f"packrl train: starting {shown(config['env']['id'])}: importing torch, making the envs and "
+                      "the policy", flush=True)
             # the preset line comes once the run is set up (no line before an error found later); a resumed
             # run prints what it resumes instead: its recorded settings, not this command line's preset
             args.preamble = None if args.resume is not None else _preset_line(preset, config)

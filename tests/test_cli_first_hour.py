@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.saved_policies import save_untrained
+from tests.test_terminal import run_on_pty
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = "tests.test_cli_first_hour"
@@ -187,16 +188,29 @@ def test_eval_takes_env_kwargs_as_train_does(tmp_path):
         assert len(rows) == 2 and all("4 of 4" in row for row in rows), done.stdout  # 3 steps: every episode cut
 
 
-def test_eval_shows_progress_on_stderr_and_results_on_stdout(repeat_checkpoint):
-    done = packrl("eval", str(repeat_checkpoint), "--episodes", "16", "--num-envs", "4", "--env", f"{HERE}:repeat_env")
-    assert done.returncode == 0, done.stderr
-    lines = done.stderr.splitlines()
+def test_eval_shows_progress_on_a_terminal_and_only_results_in_a_pipe(repeat_checkpoint):
+    args = ["eval", str(repeat_checkpoint), "--episodes", "16", "--num-envs", "4", "--env", f"{HERE}:repeat_env"]
+    rc, text = run_on_pty([sys.executable, "-m", "packrl", *args])
+    assert rc == 0, text[-3000:]
+    lines = [line.strip() for line in text.replace("\r\n", "\n").splitlines()]
     assert lines[0].startswith(f"eval: {repeat_checkpoint}: loading"), lines
     assert lines[1] == f"eval: {HERE}:repeat_env, 16 episodes per mode (sampled, then greedy) on 4 envs", lines
     for mode in ("sampled", "greedy"):
         progress = [line for line in lines if line.startswith(f"eval: {mode} ")]
         assert len(progress) >= 2 and re.fullmatch(rf"eval: {mode} 16/16 episodes, [\d.]+ s", progress[-1]), lines
-    assert "mean return" in done.stdout and "eval:" not in done.stdout
+    assert text.index("eval: greedy 16/16") < text.index("mean return")
+    piped = packrl(*args)  # a log or a pipe: the results, and nothing on stderr
+    assert piped.returncode == 0 and piped.stderr == "" and "mean return" in piped.stdout, piped.stderr
+
+
+def test_make_demo_speaks_at_once_on_a_terminal(tmp_path):
+    """The demo's train says it is starting before torch and the envs are loaded, and its eval says it is loading
+    before the table."""
+    rc, text = run_on_pty([sys.executable, "examples/train_demo.py", "--total-steps", "1024", "--out",
+                           str(tmp_path / "demo")])
+    assert rc == 0, text[-3000:]
+    assert text.index("packrl train: starting gridworld: importing torch") < text.index("preset: gridworld"), text[:2000]
+    assert text.index(f"eval: {tmp_path / 'demo' / 'checkpoint'}: loading") < text.index("mean return"), text[-3000:]
 
 
 def test_the_time_limit_note_is_silent_where_the_limit_is_the_best_outcome(repeat_checkpoint):
@@ -295,4 +309,4 @@ def test_eval_render_without_a_display_prints_no_sdl_line(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "XDG_RUNTIME_DIR" not in done.stdout + done.stderr and (tmp_path / "episode.gif").is_file()
-    assert all(line.startswith("eval: ") for line in done.stderr.splitlines()), done.stderr  # progress only
+    assert done.stderr == ""  # not a terminal: no progress lines either

@@ -170,7 +170,7 @@ def test_a_device_that_is_not_there_is_one_line(checkpoint, capsys):
 
 def test_a_missing_checkpoint_and_an_unknown_env_are_one_line(checkpoint, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "nothing")]) == 2
-    assert "metadata.json" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"packrl eval: checkpoint {tmp_path / 'nothing'}: no such folder\n"
     assert main(["eval", str(checkpoint), "--env", "NoSuchEnv-v0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "NoSuchEnv-v0" in err

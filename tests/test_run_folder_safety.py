@@ -363,7 +363,7 @@ def test_a_second_ctrl_c_names_the_last_checkpoint_and_the_resume_command(tmp_pa
     code = main(["train", "tests.test_run_folder_safety:nan_reward_env", "--num-envs", "1", "--total-steps", "256",
                  "--train.num_steps", "16", "--no-live", "--out", str(out), "--checkpoint-every", "32",
                  "--env.kwargs", "{after = 100000, interrupt_at = 56}"])
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err  # a stop is on stderr
     assert code == 130
     # step 56 is in iteration 4; the checkpoint of step 32 is the last one
     assert "second Ctrl-C" in text and f"the last checkpoint is {out / 'checkpoint'} (step 32)" in text, text

@@ -57,8 +57,8 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
                  max_policy_bytes: int | None = None) -> int:
     """Evaluate both modes on ``num_envs`` serial envs (Numba envs batch natively) and print them side by
     side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends).
-    Results go to stdout; a line at start and one per batch of episodes to stderr. Like ``packrl train``, torch
-    runs on one CPU thread unless OMP_NUM_THREADS says otherwise."""
+    Results go to stdout; on a terminal, a line at start and one per batch of episodes to stderr. Like
+    ``packrl train``, torch runs on one CPU thread unless OMP_NUM_THREADS says otherwise."""
     from packrl.run_folders import checkpoint_in, printable
 
     _check_exists(checkpoint)  # before torch: a mistyped path is refused at once
@@ -259,7 +259,10 @@ def _batch_progress(mode: str, episodes: int, per_env: int, started: float) -> o
 
 
 def _progress_line(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    """A progress line on stderr when it is a terminal (a person waiting); a log or a pipe gets the results and
+    at most one error line."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
 
 
 def _plural(count: int, noun: str) -> str:
