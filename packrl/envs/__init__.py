@@ -87,9 +87,16 @@ def _connect_four() -> NumbaEnv:
     return connect_four_spec()
 
 
+def _aim() -> NumbaEnv:
+    from packrl.envs.aim import spec as aim_spec
+
+    return aim_spec()
+
+
 register("cartpole", _cartpole)
 register("gridworld", _gridworld)
 register("simple_spread", _simple_spread)
 register("connect_four", _connect_four)
+register("aim", _aim)
 
 __all__ = ["BatchedNumbaEnv", "NumbaEnv", "batched", "make", "names", "register", "spec"]
