@@ -310,3 +310,25 @@ def test_eval_render_without_a_display_prints_no_sdl_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "XDG_RUNTIME_DIR" not in done.stdout + done.stderr and (tmp_path / "episode.gif").is_file()
     assert done.stderr == ""  # not a terminal: no progress lines either
+
+
+@pytest.mark.parametrize("game", [False, True])
+def test_the_learning_curve_legend_sits_outside_the_data(tmp_path, monkeypatch, game):
+    import matplotlib.pyplot as plt
+
+    from packrl.train.plot import plot_learning_curve
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure the curve was drawn on
+    history = [{"global_step": 64 * i, "episode_return": float(i % 7), **({"vs_random/win": i / 40} if game else {})}
+               for i in range(1, 41)]
+    assert plot_learning_curve(history, tmp_path / "curve.png", "run") is not None
+    (fig,) = drawn
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = fig.legends + [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+    assert len(legends) == 1 and len(legends[0].get_texts()) == (3 if game else 2)  # one legend for both axes
+    box = legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
+    plt.close(fig)

@@ -56,7 +56,20 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig = _figure(plt, series, wins, title)
+    from packrl.run_folders import write_file
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    plt.close(fig)
+    path = Path(path)
+    return write_file(path.parent, path.name, png.getvalue())  # atomic, never through a symlink
+
+
+def _figure(plt: Any, series: dict[str, np.ndarray], wins: np.ndarray, title: str) -> Any:
+    """The curve's figure: a line per series (with its running mean when there is one), the win rate against
+    random on a right axis, and one legend for both axes below them, outside the plot, so it never hides data."""
+    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=120, layout="constrained")
     for name, (steps, returns) in ((n, pts.T) for n, pts in series.items()):
         ax.plot(steps, returns, lw=1, alpha=0.4 if len(series) == 1 else 0.8, label=_label(name))
         window = max(1, len(returns) // 20)
@@ -65,20 +78,15 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
             ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
     ax.set(xlabel="agent steps", ylabel="episode return", title=_label(title))
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    handles, labels = ax.get_legend_handles_labels()
     if len(wins):
         right = ax.twinx()
         right.plot(*wins.T, "k.-", lw=1, label="win rate vs random")
         right.set(ylabel="win rate vs random", ylim=(0, 1))
-        right.legend(loc="lower right")
-    fig.tight_layout()
-    from packrl.run_folders import write_file
-
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    plt.close(fig)
-    path = Path(path)
-    return write_file(path.parent, path.name, png.getvalue())  # atomic, never through a symlink
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(labels)), fontsize="small", frameon=False)
+    return fig
 
 
 def curve_line(folder: Path) -> str:
