@@ -1,0 +1,104 @@
+"""packrl sweep's targets (issue 39), side by side in one run:
+
+- pruning pays: on CartPole (packrl's Numba cartpole) the median-pruned sweep and the unpruned one, same seed, same
+  number of trials, spend how many agent steps in all (target: pruned <= 60% of unpruned); each sweep's best trial
+  re-run on fresh seeds (``packrl train --config best.toml --seed S``), steps to a mean return of 475 (target: the
+  pruned best within 20% of the unpruned best);
+- search quality on Acrobot-v1 (``--acrobot``): the sweep's best against packrl's defaults, re-run on fresh seeds,
+  median steps to -100.
+
+The default is a SMOKE run, sized to finish in a few minutes on a busy 2-core machine: few trials, small budgets,
+one re-run seed. Its numbers show the machinery works, not that the targets are met; the target runs are
+``--trials 40 --budget 100000 --seeds 3`` (CartPole) and ``--acrobot --trials 60 --budget 200000 --seeds 3``
+(about an hour of CPU each). Prints the machine line with the load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine_line, print_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sweep(env: str, out: Path, trials: int, budget: int, pruner: str, objective: str, jobs: int, seed: int) -> dict:
+    """Run one sweep; its wall seconds, total agent steps over its trials, best value and best.toml."""
+    tic = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "packrl", "sweep", env, "--trials", str(trials), "--budget", str(budget),
+                           "--pruner", pruner, "--objective", objective, "--jobs", str(jobs), "--seed", str(seed),
+                           "--out", str(out), "--no-live"], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"sweep {out.name} failed: {done.stderr.strip()}")
+    wall = time.perf_counter() - tic
+    with sqlite3.connect(out / "study.db") as db:
+        steps = sum(json.loads(v) for (v,) in db.execute(
+            "select value_json from trial_user_attributes where key = 'agent_steps'"))
+        states = [s for (s,) in db.execute("select state from trials")]
+    best = (out / "best.toml").read_text().splitlines()[0] if (out / "best.toml").is_file() else "(no complete trial)"
+    return {"wall": wall, "steps": steps, "pruned": states.count("PRUNED"), "complete": states.count("COMPLETE"),
+            "best": best, "config": out / "best.toml"}
+
+
+def steps_to(config: Path, seed: int, threshold: float, total: int, out: Path) -> int | None:
+    """Train ``config`` on ``seed`` for ``total`` steps; the agent steps at which the mean return first reached
+    ``threshold`` (None: never)."""
+    run = out / f"seed{seed}"
+    subprocess.run([sys.executable, "-m", "packrl", "train", "--config", str(config), "--seed", str(seed),
+                    "--total-steps", str(total), "--out", str(run), "--no-live"], capture_output=True, cwd=ROOT,
+                   check=True)
+    for line in (run / "history.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if isinstance(row.get("episode_return"), float) and row["episode_return"] >= threshold:
+            return int(row["global_step"])
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--budget", type=int, default=30_000)
+    parser.add_argument("--seeds", type=int, default=1, help="fresh seeds each best trial is re-run on")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--acrobot", action="store_true", help="the Acrobot-v1 search-quality target instead")
+    args = parser.parse_args()
+    smoke = args.trials < 40 or args.seeds < 3
+    print(("SMOKE RUN (too small to decide the targets): " if smoke else "") +
+          f"{args.trials} trials x {args.budget:,} steps, {args.seeds} re-run seed(s)")
+    env, threshold, objective = ("Acrobot-v1", -100.0, "steps-to:-100") if args.acrobot else \
+        ("cartpole", 475.0, "steps-to:475")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        pruners = ("median",) if args.acrobot else ("median", "none")
+        results = {p: sweep(env, tmp / p, args.trials, args.budget, p, objective, args.jobs, seed=0) for p in pruners}
+        rows = []
+        for name, r in results.items():
+            reached = [steps_to(r["config"], 1000 + s, threshold, args.budget * 2, tmp / f"rerun-{name}")
+                       for s in range(args.seeds)] if r["config"].is_file() else []
+            median = statistics.median([x if x is not None else args.budget * 2 for x in reached]) if reached else None
+            rows.append([f"pruner {name}", r["complete"], r["pruned"], f"{r['steps']:,}", r["wall"],
+                         f"{median:,.0f}" if median is not None else "-"])
+        if args.acrobot:  # packrl's defaults, re-run the same way
+            defaults = tmp / "defaults.toml"
+            defaults.write_text(f'[env]\nid = "{env}"\n')
+            reached = [steps_to(defaults, 1000 + s, threshold, args.budget * 2, tmp / "rerun-defaults")
+                       for s in range(args.seeds)]
+            rows.append(["packrl defaults", "-", "-", "-", 0.0,
+                         f"{statistics.median([x or args.budget * 2 for x in reached]):,.0f}"])
+    print_table(f"packrl sweep on {env}: {objective}", ["sweep", "complete", "pruned", "agent steps", "wall s",
+                f"median steps to {threshold:g} (re-runs)"], rows)
+    if not args.acrobot:
+        ratio = results["median"]["steps"] / max(results["none"]["steps"], 1)
+        print(f"pruned / unpruned agent steps: {ratio:.2f} (target <= 0.60)" + (" [smoke]" if smoke else ""))
+    print(machine_line(("optuna",)))
+
+
+if __name__ == "__main__":
+    main()
