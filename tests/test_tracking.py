@@ -7,6 +7,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -111,26 +112,49 @@ def test_tracking_names_are_checked():
         Tracking("x?y")
 
 
+class Listener:
+    """A TCP server on the loopback address that answers every request with an HTTP status line, and counts
+    the connections it was offered."""
+
+    def __init__(self):
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(8)
+        self.count = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.count += 1
+            with conn:
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+
+    def getsockname(self):
+        return self.server.getsockname()
+
+    def close(self):
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread, which holds the socket open
+        except OSError:
+            pass
+        self.server.close()
+
+
 @pytest.fixture
 def listener():
-    """A TCP server on the loopback address: how many connections it was offered."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.5)
+    server = Listener()
     yield server
     server.close()
 
 
 def accepted(server) -> int:
-    count = 0
-    while True:
-        try:
-            conn, _ = server.accept()
-        except (TimeoutError, socket.timeout):
-            return count
-        conn.close()
-        count += 1
+    """The connections offered since the last call."""
+    count, server.count = server.count, 0
+    return count
 
 
 def test_the_mode_is_the_users_else_offline_without_credentials_and_no_probe(listener, tmp_path):
@@ -140,7 +164,7 @@ def test_the_mode_is_the_users_else_offline_without_credentials_and_no_probe(lis
     assert wandb_mode({"WANDB_BASE_URL": url, "HOME": home}) == "offline"
     assert accepted(listener) == 0  # without credentials nothing is sent, not even a connection
     assert wandb_mode({"WANDB_API_KEY": "k", "WANDB_BASE_URL": url, "HOME": home}) == "online"
-    assert accepted(listener) == 1  # with them, one connection attempt decides
+    assert accepted(listener) == 1  # with them, one request decides
     (tmp_path / ".netrc").write_text("machine 127.0.0.1 login user password k\n")
     assert wandb_mode({"WANDB_BASE_URL": url, "HOME": home}) == "online"  # `wandb login` credentials count too
     port = listener.getsockname()[1]
