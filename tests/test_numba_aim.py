@@ -50,3 +50,23 @@ def test_a_speed_outside_its_box_is_refused():
     env.reset()
     with pytest.raises(EmulationError, match="env index 1"):
         env.step({"discrete": np.zeros((2, 1), np.int64), "continuous": np.array([[0.5], [1.5]], np.float32)})
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ppo_defaults_learn_aim(seed):
+    """PPO with default settings, 200k agent steps on 16 copies: the greedy policy passes LEARNED_THRESHOLD
+    (random -0.3, greedy shortest way 4.1); the hybrid head (Discrete plus Box) learns both parts."""
+    import torch
+
+    from packrl.models import Policy
+    from packrl.train.evaluate import evaluate
+    from packrl.train.ppo import PPO, PPOConfig
+
+    torch.manual_seed(seed)
+    env = vector.make("aim", 16, backend="numba", seed=seed)
+    policy = Policy.from_env(env)
+    PPO(env, policy, PPOConfig(seed=seed)).train(200_000)
+    returns = evaluate(policy, vector.make("aim", 32, backend="numba", seed=999), deterministic=True)
+    assert returns.mean() >= aim.LEARNED_THRESHOLD
