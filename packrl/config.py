@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
-import io
 import math
 import re
-import tokenize
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from packrl.errors import ConfigError
 
@@ -132,6 +129,9 @@ class VecConfig:
     address: str | None = field(default=None, metadata=_meta(
         "Ray cluster to join (ray backend only): auto, host:port or ray://host:port (none: RAY_ADDRESS, else a "
         "new local Ray)", check=_check_ray_address))
+    step_timeout: float | None = field(default=300.0, metadata=_meta(
+        "seconds one step (or reset) of the envs may take before the run stops with a line naming the env that "
+        "hangs (serial, multiprocessing and ray backends; none: wait for ever)", POSITIVE))
 
 
 @dataclass
@@ -168,8 +168,8 @@ class RunConfig:
     total_steps: int = field(default=100_000, metadata=_meta("agent steps to train for", POSITIVE_INT))
 
 
-# Help and ranges of PPOConfig's fields (PPOConfig lives in packrl.hyperparameters; a field missing here still
-# becomes a setting, with the comment beside it in ppo.py as its help).
+# Help and ranges of PPOConfig's fields: their one source (PPOConfig, in packrl.hyperparameters, holds the types and
+# defaults; tests/test_settings_one_source.py fails when a field has no entry here).
 TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
     "num_steps": ("rollout length per row, per iteration", POSITIVE_INT),
     "learning_rate": ("Adam learning rate", POSITIVE),
@@ -190,7 +190,9 @@ TRAIN_FIELDS: dict[str, tuple[str, Range | None]] = {
     "c_clip": ("V-trace c clip", POSITIVE),
     "bootstrap_truncation": ("bootstrap V(final observation) on truncation (false: treat it as termination)", None),
     "bptt_horizon": ("recurrent segment length (none: num_steps)", POSITIVE_INT),
+    "normalize_rewards": ("divide rewards by the running std of the discounted return, clipped to +-10", None),
     "bf16": ("bfloat16 autocast for the forward passes", None),
+    "cuda_graphs": ("on CUDA, replay each rollout step as a captured CUDA graph (opt-in until shown on a GPU)", None),
     "compile": ("torch.compile the minibatch loss (and, off CPU, the rollout forward)", None),
     "overlap": ("step one half of the Numba envs while the policy runs for the other (same transitions; pays for "
                 "large env batches, benchmarks/overlap.py)", None),
@@ -391,7 +393,6 @@ def parse_toml_value(text: str) -> Any:
 def _dataclass_settings(section: str, cls: type, overrides: dict[str, tuple[str, Range | None]] | None = None,
                         ) -> list[Setting]:
     hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
     out = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -399,28 +400,12 @@ def _dataclass_settings(section: str, cls: type, overrides: dict[str, tuple[str,
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         help_text, value_range = (overrides or {}).get(f.name, (None, None))
-        help_text = help_text or f.metadata.get("help") or comments.get(f.name) or f"{cls.__name__}.{f.name}"
+        help_text = help_text or f.metadata.get("help") or f"{cls.__name__}.{f.name}"  # tests/test_settings_one_source
         value_range = value_range or f.metadata.get("range")
         check = f.metadata.get("check") or (EXTRA_CHECKS.get(f.name) if section == "train" else None)
         out.append(Setting(section, f.name, hints[f.name], default, help_text, value_range, check,
                            SEARCH.get(f"{section}.{f.name}")))
     return out
-
-
-def _field_comments(cls: type) -> dict[str, str]:
-    """``name: type = value  # comment`` lines of a dataclass's source, as {name: comment}."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    comments, names = {}, {f.name for f in dataclasses.fields(cls)}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            line = tok.line.strip()
-            name = line.split(":", 1)[0].strip()
-            if name in names:
-                comments[name] = tok.string.lstrip("# ").strip()
-    return comments
 
 
 @functools.lru_cache(maxsize=1)
@@ -508,9 +493,25 @@ def check_combination(config: dict) -> None:
     if policy.get("network", "mlp") != "mlp" and horizon and num_steps % horizon:
         raise ConfigError(f"train.bptt_horizon = {horizon} must divide train.num_steps = {num_steps} "
                           f"(the {policy['network']} network trains on segments of bptt_horizon steps)")
+    check_policy(policy)
+
+
+def check_policy(policy: Mapping[str, Any], where: str = "") -> None:
+    """The check across ``[policy]`` keys: a separate critic belongs to the MLP. ``where``: a prefix naming
+    the file."""
     if policy.get("critic", "shared") == "separate" and policy.get("network", "mlp") != "mlp":
-        raise ConfigError(f"policy.critic = 'separate' needs policy.network = 'mlp', not {policy['network']!r} "
-                          "(a recurrent core's state belongs to one trunk)")
+        raise ConfigError(f"{where}policy.critic = 'separate' needs policy.network = 'mlp', not "
+                          f"{policy['network']!r} (a recurrent core's state belongs to one trunk)")
+
+
+def policy_config(values: PolicyConfig | Mapping[str, Any], source: str | None = None) -> PolicyConfig:
+    """The typed ``[policy]`` section: each key of ``values`` checked by its setting (unknown keys refused),
+    the others ``PolicyConfig``'s defaults. A PolicyConfig is returned as it is."""
+    if isinstance(values, PolicyConfig):
+        return values
+    checked = check_layer({"policy": dict(values)}, source).get("policy", {})
+    check_policy(checked, f"{source}: " if source else "")
+    return PolicyConfig(**checked)
 
 
 def _ppo_default(name: str) -> Any:

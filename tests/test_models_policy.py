@@ -102,7 +102,7 @@ def test_minigrid_observation_through_emulate():
     import minigrid  # noqa: F401  (registers the envs)
 
     env = emulate(gym.make("MiniGrid-DoorKey-5x5-v0"))
-    policy = Policy.from_env(env, "mingru", hidden=32)
+    policy = Policy.from_env(env, network="mingru", hidden=32)
     kinds = {leaf.path: leaf.kind for leaf in env.emulated.observation.leaves}
     assert kinds[("mission",)] == "bounded_string" and kinds[("direction",)] == "discrete"
     obs, _ = env.reset(seed=0)
@@ -124,7 +124,7 @@ def test_chess_observation_mask_only_legal_moves():
     from pettingzoo.classic import chess_v6
 
     env = emulate(chess_v6.env())
-    policy = Policy.from_env(env, "mlp", hidden=32)
+    policy = Policy.from_env(env, network="mlp", hidden=32)
     assert policy.action_mask is not None and policy.action_mask.width == 4672
     obs, _ = env.reset(seed=0)
     for _ in range(3):
@@ -141,7 +141,7 @@ def test_chess_observation_mask_only_legal_moves():
 
 def test_box_observation_passthrough_and_box_action_on_pendulum():
     env = emulate(gym.make("Pendulum-v1"))
-    policy = Policy.from_env(env, "mlp", hidden=16)
+    policy = Policy.from_env(env, network="mlp", hidden=16)
     obs, _ = env.reset(seed=0)
     assert obs.dtype == np.float32 and obs.shape == (1, 3)
     for _ in range(3):
@@ -158,7 +158,7 @@ def test_heterogeneous_groups_get_one_policy_each():
     env = emulate(simple_adversary_v3.parallel_env(max_cycles=5))
     with pytest.raises(EmulationError, match="per_group"):
         Policy.from_env(env)
-    policies = Policy.per_group(env, "gru", hidden=16)
+    policies = Policy.per_group(env, network="gru", hidden=16)
     obs, _ = env.reset(seed=0)
     actions = np.zeros(env.num_agents, np.int64)
     for group, policy in zip(env.emulated.groups, policies):

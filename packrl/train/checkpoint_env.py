@@ -10,18 +10,17 @@ import re
 from pathlib import Path
 
 from packrl.checkpoint import CheckpointError
-from packrl.config import LEAF_ENCODERS, MAX_HIDDEN
+from packrl.config import MAX_HIDDEN
+from packrl.errors import ConfigError
 
 __all__ = ["MAX_HIDDEN", "checked_config", "checked_distributed", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
 
-NETWORKS = ("mlp", "lstm", "gru", "mingru")
-CRITICS = ("shared", "separate")
-
 
 def checked_config(metadata: dict, file: Path) -> dict:
-    """The recorded config's env and policy sections, type- and range-checked (CheckpointError naming the
-    field otherwise); defaults filled where training would have filled them."""
-    from packrl.config import defaults  # not packrl.train.run's copy: run imports this module
+    """The recorded config's env and policy sections, each value checked by its setting (``packrl.config``:
+    the one validator of config files, presets, flags and checkpoints; CheckpointError naming the field
+    otherwise), defaults filled where training would have filled them."""
+    from packrl.config import check_policy, defaults, settings  # not packrl.train.run's copy: run imports this module
 
     def bad(field: str, why: str) -> CheckpointError:
         return CheckpointError(f"{file}: field 'config.{field}' {why}")
@@ -32,38 +31,31 @@ def checked_config(metadata: dict, file: Path) -> dict:
             raise bad(section, "is missing or not an object")
     if "id" not in config["env"]:
         raise bad("env.id", "is missing")
-    base = defaults()
-    env, policy = dict(base["env"], **config["env"]), dict(base["policy"], **config["policy"])
-    if not isinstance(env["id"], str) or not env["id"]:
-        raise bad("env.id", f"is {env['id']!r}, not an env id")
+    known, checked = settings(), defaults()
+    for section in ("env", "policy"):
+        for key, value in config[section].items():
+            setting = known.get(f"{section}.{key}")
+            if setting is None:
+                raise bad(f"{section}.{key}", "is not a setting packrl knows")
+            try:
+                checked[section][key] = setting.check(value)
+            except ConfigError as err:
+                raise bad(setting.key, f"is {_short(value)}; expected {str(err).partition(': expected ')[2]}") from None
+    env, policy = checked["env"], checked["policy"]
+    if not env["id"]:
+        raise bad("env.id", "is empty, not an env id")
     if metadata.get("env_id") not in (None, env["id"]):
         raise CheckpointError(f"{file}: field 'env_id' {metadata['env_id']!r} differs from config.env.id {env['id']!r}")
-    if not isinstance(env["kwargs"], dict):
-        raise bad("env.kwargs", "is not an object")
-    if env["api"] not in ("auto", "parallel", "aec"):
-        raise bad("env.api", f"is {env['api']!r}; expected auto, parallel or aec")
-    if policy["network"] not in NETWORKS:
-        raise bad("policy.network", f"is {policy['network']!r}; expected one of {list(NETWORKS)}")
-    if policy["critic"] not in CRITICS:
-        raise bad("policy.critic", f"is {policy['critic']!r}; expected one of {list(CRITICS)}")
-    if policy["critic"] == "separate" and policy["network"] != "mlp":
-        raise bad("policy.critic", f"is 'separate' with network {policy['network']!r}; a separate critic needs 'mlp'")
-    hidden = policy["hidden"]
-    if type(hidden) is not int or not 1 <= hidden <= MAX_HIDDEN:
-        raise bad("policy.hidden", f"is {hidden!r}; expected an integer from 1 to {MAX_HIDDEN}")
-    if policy["encoder"] != "layout" or policy["decoder"] != "default":
-        raise bad("policy.encoder", "must be 'layout' and policy.decoder 'default'")
-    if type(policy["normalize_observations"]) is not bool:
-        raise bad("policy.normalize_observations", f"is {policy['normalize_observations']!r}; expected true or false")
-    if type(policy["squash_actions"]) is not bool:
-        raise bad("policy.squash_actions", f"is {policy['squash_actions']!r}; expected true or false")
-    log_std = policy["log_std_init"]
-    if type(log_std) not in (int, float) or not -5.0 <= log_std <= 2.0:
-        raise bad("policy.log_std_init", f"is {log_std!r}; expected a number from -5 to 2")
-    overrides = policy["overrides"] or {}
-    if not isinstance(overrides, dict) or not all(isinstance(k, str) and v in LEAF_ENCODERS for k, v in overrides.items()):
-        raise bad("policy.overrides", f"must map leaf paths to one of {list(LEAF_ENCODERS)}")
+    try:
+        check_policy(policy)
+    except ConfigError as err:
+        raise bad("policy.critic", f"does not fit: {err}") from None
     return {**config, "env": env, "policy": policy}
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 MAX_WORLD_SIZE = 1 << 16

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,6 +171,34 @@ class Group:
                                 "same weights")
         return digests
 
+    def on_ranks(self, ranks: list[int]) -> str:
+        """`` on rank 1`` / `` on ranks 0, 2``: which ranks a signal reached (said of a run of several)."""
+        return f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
+
+    @property
+    def resume_command(self) -> str:
+        """How to continue this run, before ``--resume RUN``."""
+        return f"the same torchrun command ({self.world} ranks) with"
+
+    def collective_error(self, error: BaseException) -> bool:
+        """Whether ``error`` is a collective that failed (a rank lost or silent)."""
+        return is_collective_error(error)
+
+    def checkpoint_fields(self, ppo: Any, num_envs: int) -> dict:
+        """The ``distributed`` metadata of a checkpoint (collectives: every rank calls this at the same
+        iteration): world size, backend, per-rank seeds, weight digests (proved identical) and each other
+        rank's training state for ``--resume``."""
+        digests = self.check_identical(ppo.policy, f"iteration {ppo.iteration} (step {ppo.global_step:,})")
+        states = self.gather_text(json.dumps(ppo.training_state()))
+        seed = ppo.config.seed
+        return {"distributed": {
+            "world_size": self.world, "backend": self.backend,
+            "rank_seeds": [rank_seed(seed, r) for r in range(self.world)],
+            "env_seeds": [env_seed(seed, r, self.world, num_envs, ppo.iteration) for r in range(self.world)],
+            "weights_sha256": digests,
+            "resume_by_rank": [None] + [json.loads(text) for text in states[1:]],  # rank 0's is ``resume``
+        }}
+
     def lost(self, error: BaseException) -> LostRankError:
         """What a failed collective means, as one line: the ranks on this host whose process has exited (a
         rank on another host cannot be checked from here), and the backend's own words."""
@@ -192,20 +222,53 @@ class Group:
         return LostRankError(f"rank {self.rank}: {who}; the collective failed: {what}", gone)
 
 
-def join(timeout_s: float = DEFAULT_TIMEOUT_S) -> Group | None:
+class SingleProcess(Group):
+    """The one-process form of a ``Group``: rank 0 of 1, whose collectives give back what they are given, so
+    the run is the same code with one rank or many. Its checkpoints record no ``distributed`` field."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(0, 1, "none", timeout_s, False, [(socket.gethostname(), os.getpid())])
+
+    def close(self) -> None:
+        pass
+
+    def broadcast_text(self, text: str | None) -> str:
+        return text or ""
+
+    def gather_text(self, text: str) -> list[str]:
+        return [text]
+
+    def sum(self, values: list[float]) -> list[float]:
+        return [float(v) for v in values]
+
+    def on_ranks(self, ranks: list[int]) -> str:
+        return ""
+
+    @property
+    def resume_command(self) -> str:
+        return "packrl train"
+
+    def collective_error(self, error: BaseException) -> bool:
+        return False  # no collective runs: a RuntimeError here is the run's own
+
+    def checkpoint_fields(self, ppo: Any, num_envs: int) -> dict:
+        return {}
+
+
+def join(timeout_s: float = DEFAULT_TIMEOUT_S) -> Group:
     """The data-parallel group of this process: one already initialised by the caller (kept open), else, under
     torchrun with more than one rank, a new one (gloo; ``cpu:gloo,cuda:nccl`` when CUDA is present, with each
-    rank on GPU ``LOCAL_RANK``); None for a single process. ConfigError names a torchrun variable that is not
-    an integer."""
+    rank on GPU ``LOCAL_RANK``); ``SingleProcess`` for a single process. ConfigError names a torchrun variable
+    that is not an integer."""
     if timeout_s <= 0:
         raise ConfigError(f"--collective-timeout {timeout_s:g}: give a positive number of seconds")
     owned = False
     if not dist.is_initialized():
         if not launched_by_torchrun():
-            return None
+            return SingleProcess(timeout_s)
         rank, world, local_rank = (_int_variable(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
         if world <= 1:
-            return None
+            return SingleProcess(timeout_s)
         if not 0 <= rank < world:
             raise ConfigError(f"RANK={rank} is outside 0..{world - 1} (WORLD_SIZE={world})")
         backend = "gloo"

@@ -112,6 +112,8 @@ def make_vecenv(config: dict, seed: int = 0) -> Any:
             raise ConfigError(f"vec.address = {vec['address']!r} is the Ray cluster of the ray backend, not {how}: "
                               "set vec.backend = 'ray' (--backend ray) or leave address out")
         extra["address"] = vec["address"]
+    if vec.get("step_timeout") is not None and backend in ("serial", "multiprocessing", "ray"):
+        extra["step_timeout"] = float(vec["step_timeout"])  # a hanging env stops the run naming it (numba: compiled)
     try:
         return vector.make(creator, int(vec["num_envs"]), backend=backend, seed=seed, **extra)
     except PackrlError as err:
@@ -135,25 +137,12 @@ def _packrl_env_names() -> list[str]:
     return envs.names()
 
 
-def make_policy(vecenv: Any, policy_config: dict) -> torch.nn.Module:
+def make_policy(vecenv: Any, policy: PolicyConfig | Mapping) -> torch.nn.Module:
+    """The policy ``policy`` describes on ``vecenv``'s layouts. A mapping (a config's ``[policy]`` section) is
+    checked and typed by its settings first (``packrl.config.policy_config``): every default is PolicyConfig's."""
     from packrl.models import Policy
 
-    if policy_config.get("encoder", "layout") != "layout" or policy_config.get("decoder", "default") != "default":
-        raise ConfigError("policy.encoder must be 'layout' and policy.decoder 'default' (per-leaf encoders go under "
-                          "[policy.overrides] as 'path/to/leaf' = one of "
-                          f"{', '.join(config_settings.LEAF_ENCODERS)})")
-    overrides = {tuple(_path_key(k) for k in path.split("/")): choice
-                 for path, choice in (policy_config.get("overrides") or {}).items()}
-    return Policy.from_env(vecenv, network=policy_config["network"], hidden=int(policy_config["hidden"]),
-                           overrides=overrides or None, critic=policy_config.get("critic", "shared"),
-                           normalize_observations=bool(policy_config.get("normalize_observations", False)),
-                           log_std_init=float(policy_config.get("log_std_init", 0.0)),
-                           squash_actions=bool(policy_config.get("squash_actions", True)),
-                           activation=str(policy_config.get("activation", "relu")))
-
-
-def _path_key(part: str) -> Any:
-    return int(part) if part.isdigit() else part
+    return Policy.from_env(vecenv, config_settings.policy_config(policy))
 
 
 def ppo_config(config: dict) -> PPOConfig:

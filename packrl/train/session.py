@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -49,6 +49,9 @@ from packrl.run_folders import (
     printable,
     remove_run_folder,
 )
+
+if TYPE_CHECKING:  # annotations only: the run imports torch when it starts, not when this module is read
+    from packrl.train.distributed import Group
 
 RUN_WRITES = ("history.jsonl", "learning_curve.png", "checkpoint", "checkpoints", "tensorboard", "wandb")
 """What a run writes into its folder (each through ``run_folders.write_file`` or the checkpoint writer)."""
@@ -136,13 +139,13 @@ class Checkpoints:
     rank's training state for ``--resume``) in the metadata."""
 
     def __init__(self, folder: Path, every_steps: int | None, every_minutes: float | None, keep: int, step: int,
-                 group: Any = None):
+                 group: Group):
         if keep < 1:
             raise RunError(f"--keep {keep}: keep at least 1 periodic checkpoint")
         if every_steps is not None and every_steps < 1:
             raise RunError(f"--checkpoint-every {every_steps}: give a positive number of agent steps")
         self.folder, self.every_steps, self.keep, self.group = folder, every_steps, keep, group
-        self.writes = group is None or group.main
+        self.writes = group.main
         self.every_seconds = every_minutes * 60.0 if every_minutes else None
         self.last_step, self.last_time = step, time.monotonic()
         self.latest: Path | None = None
@@ -175,24 +178,10 @@ class Checkpoints:
         self.last_step, self.last_time = ppo.global_step, time.monotonic()
         return self.latest
 
-    def _ranks(self, ppo: Any, config: dict) -> dict | None:
-        """A data-parallel run's ``distributed`` metadata (collectives: every rank calls this at the same
-        iteration); None for one process."""
-        from packrl.train.distributed import env_seed, rank_seed
-
-        group = self.group
-        if group is None:
-            return None
-        digests = group.check_identical(ppo.policy, f"iteration {ppo.iteration} (step {ppo.global_step:,})")
-        states = group.gather_text(json.dumps(ppo.training_state()))
-        seed, num_envs = ppo.config.seed, int(config["vec"]["num_envs"])
-        return {"distributed": {
-            "world_size": group.world, "backend": group.backend,
-            "rank_seeds": [rank_seed(seed, r) for r in range(group.world)],
-            "env_seeds": [env_seed(seed, r, group.world, num_envs, ppo.iteration) for r in range(group.world)],
-            "weights_sha256": digests,
-            "resume_by_rank": [None] + [json.loads(text) for text in states[1:]],  # rank 0's is ``resume``
-        }}
+    def _ranks(self, ppo: Any, config: dict) -> dict:
+        """The group's checkpoint metadata (``Group.checkpoint_fields``: a data-parallel run's ``distributed``,
+        nothing for one process)."""
+        return self.group.checkpoint_fields(ppo, int(config["vec"]["num_envs"]))
 
     def _rotate(self, keep: Path) -> None:
         """Remove periodic checkpoints beyond the newest ``keep`` (by write time: after a resume from an
@@ -282,12 +271,12 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
     told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
     the training loop (``_train``), the closing report (``_report``). The lines that say why training stopped
     (an error, a signal) go to ``errors`` (the command's stderr; default: ``console``)."""
-    from packrl.train.distributed import env_seed, is_collective_error, join
+    from packrl.train.distributed import env_seed, join
     from packrl.train.ppo import seed_everything
     from packrl.train.run import make_vecenv, ppo_config
 
     group = join(options.collective_timeout)  # under torchrun: this process is one rank of the run
-    main = group is None or group.main
+    main = group.main
     console = console or Console()
     if not main:  # ranks other than 0 print nothing but errors (on stderr, by the caller)
         console = Console(quiet=True)
@@ -299,8 +288,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
         cfg = ppo_config(config)
         seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
         try:
-            vecenv = make_vecenv(config, seed=cfg.seed if group is None else
-                                 env_seed(cfg.seed, group.rank, group.world, int(config["vec"]["num_envs"])))
+            vecenv = make_vecenv(config, seed=env_seed(cfg.seed, group.rank, group.world,
+                                                       int(config["vec"]["num_envs"])))
         except BaseException as err:
             if main:
                 _remove_if_empty(folder)
@@ -329,19 +318,18 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
             if history is not None:
                 history.close()
         result = _report(ppo, folder, history, checkpoints, code, error, console, group, errors)
-        if group is not None and error is None and code in (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM):
+        if error is None and code in (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM):
             _leave_together(group)
         return result
     except RuntimeError as err:  # a collective before or after training: a rank was lost
-        if group is not None and is_collective_error(err) and not isinstance(err, PackrlError):
+        if group.collective_error(err) and not isinstance(err, PackrlError):
             raise group.lost(err) from None
         raise
     finally:
-        if group is not None:
-            group.close()
+        group.close()
 
 
-def _leave_together(group: Any) -> None:
+def _leave_together(group: Group) -> None:
     """The ranks of a run that ended well wait for each other (rank 0 has written everything by then). A signal
     after that has nothing left to stop: a torchrun worker ignores it from here on, so torchrun's SIGTERM to the
     ranks still exiting, sent when the first rank leaves with 143, does not cut them short."""
@@ -360,11 +348,9 @@ class RankZeroRefused(RunError):
     quiet = True
 
 
-def _from_rank_zero(group: Any, decide: Any) -> str:
+def _from_rank_zero(group: Group, decide: Any) -> str:
     """``decide()`` (a string) on rank 0, handed to every rank; a PackrlError there reaches every rank (rank 0
     raises its own, the others a quiet RankZeroRefused)."""
-    if group is None:
-        return decide()
     if group.main:
         try:
             answer = decide()
@@ -379,7 +365,7 @@ def _from_rank_zero(group: Any, decide: Any) -> str:
     return told["answer"]
 
 
-def _resume_from(options: RunOptions, given: dict, console: Console, group: Any = None) -> Resumed:
+def _resume_from(options: RunOptions, given: dict, console: Console, group: Group) -> Resumed:
     """The newest loadable checkpoint of ``--resume`` (naming those skipped), its training state, and the config it
     recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env.
     In a data-parallel run rank 0 chooses the checkpoint and every rank loads it; its recorded world size must be
@@ -401,7 +387,7 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Any 
     if not isinstance(metadata.get("resume"), dict):
         raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
     world, by_rank = checked_distributed(metadata, verified.file)
-    rank, ranks = (0, 1) if group is None else (group.rank, group.world)
+    rank, ranks = group.rank, group.world
     if world != ranks:
         how = f"torchrun --nproc-per-node {world} (over all nodes: {world} ranks)" if world > 1 else \
             "one process (without torchrun)"
@@ -438,7 +424,7 @@ def _check_steps_left(metadata: dict, config: dict, checkpoint: Path, options: R
                    f"nothing to train; give --total-steps above {step:,} to train it further")
 
 
-def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None, group: Any = None) -> Path:
+def _run_folder(options: RunOptions, config: dict, resumed: Resumed | None, group: Group) -> Path:
     """The run folder: the resumed run's own (unless --out or --name asks for another), else a new one. A symlink
     planted where the run writes is refused before anything runs. In a data-parallel run rank 0 makes it and
     tells the other ranks its path (they never write there)."""
@@ -457,7 +443,7 @@ def _make_run_folder(options: RunOptions, config: dict, resumed: Resumed | None)
 
 
 def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: Resumed | None,
-             group: Any = None) -> Any:
+             group: Group) -> Any:
     """PPO over the run's policy; a resumed run's architecture is checked against its weights (shapes and memory)
     before anything is allocated, then its training state loaded. In a data-parallel run PPO starts every rank
     from rank 0's weights, and each rank but 0 draws from generators of its own seed (``rank_seed``)."""
@@ -472,7 +458,7 @@ def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: 
         except CheckpointError as err:
             raise resumed.refusal(err) from None
     ppo = PPO(vecenv, make_policy(vecenv, config["policy"]), cfg)
-    if group is not None and not group.main:
+    if not group.main:
         seed_everything(rank_seed(cfg.seed, group.rank))
     if resumed is not None:
         policy_state, _, optimizer_state = load_checkpoint(resumed.verified)
@@ -485,7 +471,7 @@ def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: 
 
 
 def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: History, checkpoints: Checkpoints,
-           resumed: Resumed | None, console: Console, group: Any = None) -> tuple[int, BaseException | None]:
+           resumed: Resumed | None, console: Console, group: Group) -> tuple[int, BaseException | None]:
     """The training loop with its dashboard, history, periodic checkpoints and signals; the last checkpoint and the
     learning curve after it. ``(exit code, the error that stopped training or None)``.
 
@@ -495,12 +481,12 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     dashboard, TensorBoard, checkpoints and the curve. A collective that fails (a rank lost) stops training
     with exit code 3 and nothing saved."""
     from packrl.train.dashboard import Dashboard
-    from packrl.train.distributed import DivergedError, is_collective_error
+    from packrl.train.distributed import DivergedError
     from packrl.train.plot import plot_learning_curve
     from packrl.train.ppo import NonFiniteError
     from packrl.train.tracking import start as start_tracker
 
-    main = group is None or group.main
+    main = group.main
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
     versus = _versus_check(env_id, config, options) if main else None
     if resumed is not None:
@@ -508,7 +494,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
                                        "its recorded settings)")), highlight=False, soft_wrap=True)
     elif options.preamble:
         console.print(escape(options.preamble), highlight=False, soft_wrap=True)
-    ranks = f" x {group.world} ranks" if group is not None else ""
+    ranks = f" x {group.world} ranks" if group.world > 1 else ""
     rows = ppo.env.num_agents
     title = f"packrl PPO on {env_id} ({rows} row{'' if rows == 1 else 's'}{ranks}, {ppo.device})"
     board = Dashboard(title, total, live=options.live and console.is_terminal and main,
@@ -525,8 +511,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
         if versus is not None and stats["iteration"] % options.versus_every == 0:
             stats.update(versus(ppo.policy, stats["iteration"]))
         due = main and stats["global_step"] < total and checkpoints.due(stats["global_step"])
-        if group is not None:
-            due = _agree(group, stats, stops, due)
+        due = _agree(group, stats, stops, due)
         history.append(stats)
         board.update(stats)
         tracker.log(stats)
@@ -545,19 +530,18 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
             code = EXIT_SIGINT
         except RuntimeError as err:  # a collective failed: the weights may be half updated, nothing is saved
-            if group is None or not is_collective_error(err):
+            if not group.collective_error(err):
                 raise
             code, error = EXIT_STOPPED_BY_ERROR, group.lost(err)
             history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step, "error": str(error)})
         if code == EXIT_OK:
             try:
-                if group is not None:  # a signal that came after the last iteration's agreement
-                    _agree(group, None, stops, False)
+                _agree(group, None, stops, False)  # a signal that came after the last iteration's agreement
                 if stops.received is not None:
                     code = SIGNAL_EXIT[stops.received]
                 checkpoints.save_latest(ppo, config, history.rows)
             except (DivergedError, RuntimeError) as err:
-                if group is None or not (isinstance(err, DivergedError) or is_collective_error(err)):
+                if not (isinstance(err, DivergedError) or group.collective_error(err)):
                     raise
                 code, error = EXIT_STOPPED_BY_ERROR, err if isinstance(err, DivergedError) else group.lost(err)
         tracker.code = code
@@ -566,7 +550,7 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     return code, error
 
 
-def _agree(group: Any, stats: dict | None, stops: StopSignals, due: bool) -> bool:
+def _agree(group: Group, stats: dict | None, stops: StopSignals, due: bool) -> bool:
     """One all-reduce per iteration: whether rank 0 asks for a periodic checkpoint (returned), the signals the
     ranks received (every rank takes the first stopping rank's signal, so all stop at this iteration), and the
     episodes ended on all ranks (``stats``' episode figures become their means over all ranks)."""
@@ -579,7 +563,7 @@ def _agree(group: Any, stats: dict | None, stops: StopSignals, due: bool) -> boo
     stopping = [r for r, signum in enumerate(summed[4:]) if signum]
     if stopping:
         stops.received, group.stopping = int(summed[4 + stopping[0]]), stopping
-    if stats is not None:
+    if stats is not None and summed[1] != episodes:  # other ranks' episodes to merge in
         total_episodes = summed[1]
         stats["episodes"] = int(total_episodes)
         if total_episodes:
@@ -606,7 +590,7 @@ def _interrupted(folder: Path, console: Console) -> RunResult:
 
 
 def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, code: int,
-            error: BaseException | None, console: Console, group: Any = None,
+            error: BaseException | None, console: Console, group: Group,
             errors: Console | None = None) -> RunResult:
     """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
     folder, the checkpoint with its hash and the learning curve. A rank other than 0 prints only its error (on
@@ -617,10 +601,8 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
     returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
     last = returns[-1] if returns else None
     latest = checkpoints.latest
-    if group is not None and not group.main:
+    if not group.main:
         if error is not None:
-            from packrl.run_folders import printable
-
             os.write(2, (printable(f"packrl train: training stopped: {error_line(error, ppo)}") + "\n").encode())
         return RunResult(code, folder, latest, ppo.global_step, last)
     if error is not None:
@@ -633,10 +615,8 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
                       highlight=False, soft_wrap=True)
     elif code in (EXIT_SIGINT, EXIT_SIGTERM):
         why = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT (Ctrl-C)"
-        if group is not None:
-            stopping = group.stopping
-            why += f" on rank{'s' if len(stopping) > 1 else ''} {', '.join(map(str, stopping))}" if stopping else ""
-        again = "packrl train" if group is None else f"the same torchrun command ({group.world} ranks) with"
+        why += group.on_ranks(group.stopping)
+        again = group.resume_command
         if latest is not None and checkpoints.last_step == ppo.global_step:
             errors.print(f"[yellow]interrupted by {why} at {ppo.global_step:,} steps; checkpoint saved; "
                          f"continue with: {again} --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
