@@ -158,7 +158,7 @@ def test_a_failed_periodic_save_removes_no_older_checkpoint(tmp_path, capsys):
     trap = [LENGTH * 2 + 1, str(out / "checkpoints" / "step-000000000128"), str(tmp_path / "elsewhere")]
     assert _countdown(out, "--checkpoint-every", str(LENGTH * 4 * 2), "--keep", "1",
                       "--env.kwargs", "{symlink = [%d, '%s', '%s']}" % tuple(trap)) == 3
-    assert "symlink" in capsys.readouterr().out
+    assert "symlink" in capsys.readouterr().err  # a stop is said on stderr
     assert load_checkpoint(out / "checkpoints" / "step-000000000064")[1]["global_step"] == 64
     assert read_metadata(out / "checkpoint")["global_step"] == 64
     assert not any((tmp_path / "elsewhere").iterdir())
@@ -173,7 +173,7 @@ def test_a_run_cut_by_sigterm_and_resumed_ends_exactly_as_the_uncut_run(tmp_path
     # the envs send SIGTERM during iteration 6 (their own step 43, of 8 per iteration): the run finishes
     # that iteration, saves and exits 143
     assert _countdown(cut, "--env.kwargs", "{sigterm_at = 43}") == 143
-    assert "SIGTERM" in capsys.readouterr().out
+    assert "SIGTERM" in capsys.readouterr().err
     assert read_metadata(cut / "checkpoint")["iteration"] == 6
     # a checkpoint is data: without the env on the command line its module:function id is refused
     assert main(["train", "--resume", str(cut), "--no-live"]) == 2
@@ -241,7 +241,7 @@ def test_sigterm_and_sigint_save_and_exit_with_their_codes(tmp_path, signum, cod
     history = read_history(out / "history.jsonl")
     assert meta["global_step"] == history[-1]["global_step"] > 0 and optimizer is not None
     assert meta["resume"]["iteration"] == history[-1]["iteration"]
-    assert f"packrl train --resume {out}" in stdout
+    assert f"packrl train --resume {out}" in stderr and "packrl train --resume" not in stdout  # stops on stderr
 
 
 # ---------------------------------------------------------------- NaN guard
@@ -252,7 +252,7 @@ def test_a_nan_observation_stops_training_naming_the_env_row_and_leaf(tmp_path, 
     rc = _train("tests.test_run_lifecycle:nan_position_env", "--num-envs", "3", "--train.num_steps", "16",
                 "--total-steps", "4800", "--hidden", "8", "--out", str(out))
     assert rc == 3
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err  # errors and stops on stderr
     assert "iteration 1, rollout step 3: env row 1 (env 1)" in said and "observation leaf ['pos']: nan" in said and "nan" in said
     assert "no checkpoint had been saved yet" in said
     assert not (out / "checkpoint").exists()
@@ -264,7 +264,7 @@ def test_a_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp
     out = tmp_path / "run"
     rc = _countdown(out, "--env.kwargs", "{blow_up_after = 25}", "--checkpoint-every", str(LENGTH * 4))
     assert rc == 3
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     # each env's steps 1-24 are iterations 1-3; a 3e38 reward comes at its step 26, in iteration 4
     assert "iteration 4, epoch 1, minibatch 1" in said and "(the first non-finite quantity of the update)" in said
     state, meta, _ = load_checkpoint(out / "checkpoint")
