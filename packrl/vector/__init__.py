@@ -70,9 +70,11 @@ def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_worke
         if num_workers not in (None, 1):
             raise UsageError(f"num_workers={num_workers} applies to backend='multiprocessing', not 'serial'")
         mode = kwargs.pop("autoreset_mode", SAME_STEP)
+        step_timeout = kwargs.pop("step_timeout", None)
         if kwargs:
-            raise UsageError(f"backend 'serial' takes no options {sorted(kwargs)}")
-        return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed, autoreset_mode=mode)
+            raise UsageError(f"backend 'serial' takes no options {sorted(kwargs)} (only step_timeout)")
+        return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed, autoreset_mode=mode,
+                      step_timeout=step_timeout)
     if backend == "multiprocessing":
         from packrl.vector.multiprocessing import Multiprocessing
 

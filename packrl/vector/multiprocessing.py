@@ -191,6 +191,8 @@ class Multiprocessing(WorkerBackend):
         self._start_workers(ctx, env_creator, shm.name, plan, spec, worker_spin_s)
         self._in_flight: set[int] = set(range(num_workers))
         self._sent_at = [float("inf")] * num_workers  # when each worker's command went (step_timeout only)
+        self._sent_command = [STEP] * num_workers  # and which, with how many steps each was sent: named if it hangs
+        self._worker_steps = [0] * num_workers
         self._batch_workers = self.batch_size // per_worker if main_envs == 0 else num_workers
         self._main_infos: list = []
         self._ready: deque[int] = deque()
@@ -400,7 +402,8 @@ class Multiprocessing(WorkerBackend):
         self._status[w] = BUSY
         self._in_flight.add(w)
         if self.step_timeout is not None:
-            self._sent_at[w] = time.monotonic()
+            self._sent_at[w], self._sent_command[w] = time.monotonic(), command
+            self._worker_steps[w] += command == STEP
         self._wake[w].release()  # also a memory barrier: the worker sees the actions and the command
 
     def _collect(self, count: int) -> list[int]:
@@ -460,7 +463,10 @@ class Multiprocessing(WorkerBackend):
         per = self.envs_per_worker
         what = "; ".join(f"worker {w} (pid {self._procs[w].pid}, " + (f"env {w * per}" if per == 1 else
                          f"envs {w * per}..{w * per + per - 1}") + ")" for w in hung)
-        self._fail(f"{what} did not finish within step_timeout={self.step_timeout} s and was killed: an env hangs")
+        doing = {STEP: f"step {self._worker_steps[hung[0]]}", RESET: "reset", CALL: "call"}.get(
+            self._sent_command[hung[0]], "command")
+        self._fail(f"multiprocessing backend: {what} did not finish within step_timeout={self.step_timeout} s and was "
+                   f"killed: an env hangs (in its {doing})")
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a reset)."""

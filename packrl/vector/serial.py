@@ -1,12 +1,22 @@
 """The serial backend: every env in this process, stepping straight into one set of arrays."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import signal
+import threading
+from typing import Any, Callable, Iterator
 
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block
 from packrl.vector.autoreset import SAME_STEP
-from packrl.vector.base import SEND_WITHOUT_RECV, Batch, VectorEnv, check_autoreset, plan_buffers
+from packrl.vector.base import (
+    SEND_WITHOUT_RECV,
+    Batch,
+    VectorEnv,
+    check_autoreset,
+    check_step_timeout,
+    plan_buffers,
+)
 from packrl.vector.runner import EnvFailure, EnvRunner, EnvSpec, build_env
 
 
@@ -18,7 +28,9 @@ class Serial(VectorEnv):
     see ``packrl.vector.autoreset``."""
 
     def __init__(self, env_creator: Callable[[], Any], num_envs: int, batch_size: int | None = None, seed: int = 0,
-                 autoreset_mode: Any = SAME_STEP):
+                 autoreset_mode: Any = SAME_STEP, step_timeout: float | None = None):
+        self.step_timeout = check_step_timeout(step_timeout)
+        self._steps = 0  # vector steps sent, named when one hangs
         envs = [build_env(env_creator)]
         spec = EnvSpec.of(envs[0])
         try:
@@ -75,6 +87,7 @@ class Serial(VectorEnv):
         rows = self._rows(env_ids)
         self._check_not_ended(env_ids)
         self._actions.write(actions, rows, env_ids)
+        self._steps += 1
         infos = self._run(self._runner.step, first, first + count)
         self._pending[b] = infos
         self._next = (b + 1) % len(self._pending)
@@ -89,6 +102,7 @@ class Serial(VectorEnv):
         self._check_not_ended(self._all_env_ids)
         self._actions.write(actions, slice(None), self._all_env_ids)
         infos = [{} for _ in range(self.num_envs)]
+        self._steps += 1
         for index, info in self._run(self._runner.step, 0, self.num_envs):
             infos[index] = info
         return self.observations, self.rewards, self.terminals, self.truncations, self._infos_out(infos, slice(None))
@@ -102,7 +116,17 @@ class Serial(VectorEnv):
 
     def _run(self, fn: Callable, *args: Any) -> list:
         try:
-            return fn(*args)
+            if self.step_timeout is None or threading.current_thread() is not threading.main_thread():
+                return fn(*args)
+            with _alarm(self.step_timeout):
+                return fn(*args)
+        except _Hung:
+            index = self._runner.current
+            what = "reset" if fn == self._runner.reset else f"step {self._steps}"
+            self._broken = (f"serial backend, env {index} did not finish within step_timeout={self.step_timeout} s "
+                            f"and was interrupted: an env hangs (in its {what})")
+            self._broken_fields = {"env_index": index}
+            raise EnvError(self._broken, **self._broken_fields) from None
         except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
             failure: EnvFailure = self._runner.failure()
             # the env that raised is mid-step: stepping on could hide its episode end, so every later call refuses
@@ -121,6 +145,26 @@ class Serial(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self._runner.close()
+
+
+class _Hung(BaseException):
+    """Raised by SIGALRM inside an env that ran past ``step_timeout`` (a BaseException: an env's own
+    ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Raise _Hung in this (the main) thread after ``seconds``; the previous SIGALRM handler comes back after."""
+    def hung(signum: int, frame: Any) -> None:
+        raise _Hung
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _check_batch(num_envs: int, batch_size: int | None, envs_per_worker: int) -> None:
