@@ -173,3 +173,18 @@ def test_eval_hashes_the_weights_once_per_command_render_included(tmp_path, monk
     assert main(["eval", str(path), "--episodes", "2", "--sha256", sha, *extra]) == 0
     assert calls == [(path / "model.safetensors").stat().st_size]  # one pass over the weights, render included
     assert (tmp_path / "episode.gif").is_file() == render
+
+
+def test_resume_hashes_the_weights_once(tmp_path, monkeypatch, capsys):
+    import packrl.checkpoint as checkpoint_module
+    from packrl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "gridworld", "--num-envs", "2", "--total-steps", "32", "--train.num_steps", "16",
+                 "--hidden", "8", "--no-live", "--checkpoint-minutes", "0", "--out", str(out)]) == 0
+    calls = []
+    real = checkpoint_module.hash_weights
+    monkeypatch.setattr(checkpoint_module, "hash_weights", lambda data: calls.append(len(data)) or real(data))
+    size = (out / "checkpoint" / "model.safetensors").stat().st_size
+    assert main(["train", "--resume", str(out / "checkpoint"), "--total-steps", "64", "--no-live"]) == 0
+    assert calls == [size]  # verified once; the layouts, architecture and weights all come from that read
