@@ -332,3 +332,11 @@ def test_the_learning_curve_legend_sits_outside_the_data(tmp_path, monkeypatch, 
     for ax in fig.axes:
         assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
     plt.close(fig)
+
+
+def test_inspect_counts_one_leaf_as_one_leaf(tmp_path):
+    checkpoint = save_untrained(tmp_path / "checkpoint")  # CartPole: one Box observation leaf
+    done = packrl("inspect", str(checkpoint))
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert re.search(r"observation layout: \d+ bytes, 1 leaf\b", text) and "1 leaves" not in text, text
