@@ -639,24 +639,35 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
             try:
                 payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL) if infos else None
             except Exception:  # noqa: BLE001 - pickling may raise any class
-                _reply(status, w, done, conn, FAILED, _unpicklable(infos))
+                _reply(status, w, done, conn, FAILED, unpicklable_info(infos))
                 continue
             _reply(status, w, done, conn, DONE_INFO if payload else DONE, payload)
     finally:  # left here only when the worker stops without a CLOSE (a failed start)
         close_envs(envs, args.first_env)
 
 
-def _unpicklable(infos: list) -> EnvFailure:
-    """The failure of the first env whose info cannot travel to the main process."""
-    import traceback
-
+def unpicklable_info(infos: list) -> EnvFailure:
+    """The failure of the first env whose info cannot travel to the main process, naming the info's key (also
+    what a Ray actor sends, ``packrl.vector.ray_backend``)."""
     for index, info in infos:
         try:
             pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # noqa: BLE001 - pickling may raise any class
+            return EnvFailure(index, f"its info cannot be sent to the main process (it must pickle): "
+                              f"{_unpicklable_key(info)}{type(err).__name__}: {err}", raised_name())
+    return EnvFailure(infos[0][0], "its info cannot be sent to the main process (it must pickle)", raised_name())
+
+
+def _unpicklable_key(info: Any) -> str:
+    """``info['key'] holds a module.Class: `` for the first entry of a dict info that does not pickle, else ''."""
+    if not isinstance(info, dict):
+        return ""
+    for key, value in info.items():
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - pickling may raise any class
-            return EnvFailure(index, "its info cannot be sent to the main process (it must pickle):\n"
-                              f"{traceback.format_exc()}", raised_name())
-    return EnvFailure(infos[0][0], traceback.format_exc(), raised_name())
+            return f"info[{key!r}] holds a {type(value).__module__}.{type(value).__qualname__}: "
+    return ""
 
 
 def _reply(status: np.ndarray, w: int, done: Any, conn: Any, state: int, payload: Any) -> None:

@@ -31,6 +31,7 @@ from packrl.env_ids import import_namespaces, loaded_namespaces, namespaces_name
 from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
+from packrl.vector.multiprocessing import unpicklable_info
 from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors, raised_name
 from packrl.vector.serial import _check_batch
 
@@ -170,7 +171,13 @@ class RayWorker:
         """Close every env; (env index, error) of those whose own close raised, for the main process."""
         return close_envs(self.envs, self.first)
 
-    def _reply(self, infos: list) -> Reply:
+    def _reply(self, infos: list) -> Reply | Failure:
+        if infos:  # an info that cannot travel is the env's failure, named (Ray would report a dead worker)
+            try:
+                pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - pickling may raise any class
+                failure = unpicklable_info(infos)
+                return Failure(failure.env_index, failure.text, failure.exception)
         # Only changed final-observation rows travel: envs write them on episode ends only,
         # and comparing bytes here is cheaper than shipping the whole block every step.
         changed = np.flatnonzero((self.final_bytes != self.sent_final).any(axis=1))
@@ -422,8 +429,9 @@ class RayVectorEnv(WorkerBackend):
             hung = sorted(set(self._in_flight) - {workers_of[ref] for ref in ready})
             for w in hung:
                 ray.kill(self._actors[w], no_restart=True)
-            self._fail(f"ray worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not finish "
-                       f"within {name}={timeout} s and were killed: an env hangs")
+            self._fail(f"ray backend: worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not "
+                       f"finish within {name}={timeout} s and were killed: an env hangs (in its "
+                       f"{'reset' if resetting else 'step'})")
         return sorted(workers_of[ref] for ref in ready)
 
     def _drain(self) -> None:
