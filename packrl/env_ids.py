@@ -182,7 +182,9 @@ def _gymnasium(env_id: str, kwargs: dict) -> tuple[Callable[[], Any], str]:
                               f"({err}): pip install {pip}" + (" (or packrl[envs])" if pip == "minigrid" else "")
                               ) from None
     if env_id not in gymnasium.registry:
-        raise ConfigError(f"unknown env {env_id!r}{_did_you_mean(env_id, _registered_ids())}: not {ID_FORMS}")
+        # the registry as it is first (an id close to CartPole-v1 is refused without importing minigrid's 0.3 s)
+        close = _did_you_mean(env_id, _registered_ids(namespaces=False)) or _did_you_mean(env_id, _registered_ids())
+        raise ConfigError(f"unknown env {env_id!r}{close}: not {ID_FORMS}")
     return GymnasiumCreator(env_id, kwargs, module), "serial"
 
 
@@ -220,13 +222,14 @@ def _sibling_modules(module_name: str) -> list[str]:
     return [f"{parent}.{m.name}" for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
 
 
-def _registered_ids() -> list[str]:
-    """Gymnasium's registered ids, those of the known namespaces that are installed, and packrl's envs."""
+def _registered_ids(namespaces: bool = True) -> list[str]:
+    """Gymnasium's registered ids, those of the known namespaces that are installed (``namespaces``), and packrl's
+    envs."""
     import gymnasium
 
     from packrl import envs as packrl_envs
 
-    for module in SUGGEST_FROM:
+    for module in SUGGEST_FROM if namespaces else ():
         try:
             importlib.import_module(module)
         except ImportError:
