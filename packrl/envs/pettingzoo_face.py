@@ -29,9 +29,8 @@ class NumbaParallelEnv(ParallelEnv):
 
     def __init__(self, env: Any, seed: int = 0, **kwargs: Any):
         from packrl.envs import batched
-        from packrl.vector.numba_backend import resolve
 
-        spec: NumbaEnv = resolve(env)
+        spec = _spec(env)
         if spec.turns and type(self) is NumbaParallelEnv:
             raise UsageError(f"numba env {spec.name!r} moves in turns: it has no PettingZoo Parallel form; use "
                              "packrl.envs.pettingzoo_face.aec_env")
@@ -197,6 +196,17 @@ class _TurnRows(NumbaParallelEnv):
     """The row reading and action encoding of the Parallel face, for a turn-based env's AEC face."""
 
 
+def _spec(env: Any) -> NumbaEnv:
+    """The NumbaEnv of ``env``: a NumbaEnv or a registered name."""
+    if isinstance(env, NumbaEnv):
+        return env
+    if isinstance(env, str):
+        from packrl.envs import spec
+
+        return spec(env)
+    raise UsageError(f"a PettingZoo face takes a NumbaEnv or a registered env name, got {type(env).__name__}")
+
+
 def parallel_env(env: Any, seed: int = 0, **kwargs: Any) -> NumbaParallelEnv:
     """One copy of a Numba env (a NumbaEnv or a registered name) as a PettingZoo ParallelEnv."""
     return NumbaParallelEnv(env, seed=seed, **kwargs)
@@ -207,8 +217,6 @@ def aec_env(env: Any, seed: int = 0, **kwargs: Any) -> Any:
     ``parallel_to_aec`` of the Parallel form."""
     from pettingzoo.utils.conversions import parallel_to_aec
 
-    from packrl.vector.numba_backend import resolve
-
-    if resolve(env).turns:
+    if _spec(env).turns:
         return NumbaAECEnv(env, seed=seed, **kwargs)
     return parallel_to_aec(NumbaParallelEnv(env, seed=seed, **kwargs))
