@@ -48,7 +48,8 @@ print(json.dumps({"outcome": outcome, "started": [sorted(pids) for pids in start
 
 
 def test_a_failed_ray_start_is_retried_leaves_no_process_and_fails_under_ci():
-    """Two tries of Ray's 30 s timeout and a 5 s pause: about 70 s on a quiet machine; the limit is 10x that."""
+    """Two tries of Ray's 30 s timeout and a 5 s pause: a floor of 65 s; 100 s measured beside load 9 on the
+    2-core machine (2026-12-05). The limit, 700 s, is 10x the floor plus the tries' start-ups."""
     temp_dir = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths live under it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", "PACKRL_TEST_RAY_ATTEMPTS": "2"}
     env.pop("RAY_ADDRESS", None)
