@@ -429,8 +429,8 @@ class RayVectorEnv(WorkerBackend):
             hung = sorted(set(self._in_flight) - {workers_of[ref] for ref in ready})
             for w in hung:
                 ray.kill(self._actors[w], no_restart=True)
-            self._fail(f"ray backend: worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not "
-                       f"finish within {name}={timeout} s and were killed: an env hangs (in its "
+            self._fail(f"ray worker(s) {hung} (envs {', '.join(self._span(w) for w in hung)}) did not finish "
+                       f"within {name}={timeout} s and were killed: an env hangs (in its "
                        f"{'reset' if resetting else 'step'})")
         return sorted(workers_of[ref] for ref in ready)
 
