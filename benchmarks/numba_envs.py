@@ -164,19 +164,7 @@ def interleaved_rounds(n: int, rounds: int, seconds: float) -> None:
     for step in built.values():
         for k in range(20):
             step(actions[k % 16])
-    rates: dict[str, list[float]] = {name: [] for name in built}
-    other: dict[str, list[float]] = {name: [] for name in built}
-    for _ in range(rounds):
-        for name, step in built.items():
-            machine, own = busy_cpu_s(), time.process_time()
-            calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                for k in range(10):
-                    step(actions[k])
-                calls += 10
-            wall = time.perf_counter() - start
-            rates[name].append(calls * n / wall)
-            other[name].append((busy_cpu_s() - machine - (time.process_time() - own)) / wall)
+    rates, other = _timed_rounds(built, actions, n, rounds, seconds)
     anchor = rates["gymnasium CartPoleVectorEnv"]
     print(f"\n{n} envs, {rounds} interleaved rounds of {seconds} s each: M agent-steps/s @ cores other jobs used")
     for name, r in rates.items():

@@ -180,22 +180,7 @@ class AgentsKernelSource(KernelSource):
                 code("failed += 1 if c < 0 else 0", "ends += c if c > 0 else 0")
             code("return ends, failed")
 
-        def head() -> None:
-            code("n = rewards.shape[0]")
-
-        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
-        with code.block(f"def step_serial({step_args}):"):
-            head()
-            code(f"ends, failed = _step_range(0, n, {step_args})", "return -(n + 1) if failed > 0 else ends")
-        code("", "", "@njit(cache=True, nogil=True, parallel=True)")
-        with code.block(f"def step_parallel({step_args}, chunks):"):
-            head()
-            code("chunks = min(n, chunks)", "ends = 0", "failed = 0",
-                 "for c in prange(chunks):",
-                 f"    e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
-                 "    ends += e",
-                 "    failed += f",
-                 "return -(n + 1) if failed > 0 else ends")
+        self._step_drivers(code, step_args)
         code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
         with code.block(f"def reset_all({', '.join(self.reset_args())}):"):
             code("n = rewards.shape[0]", "failed = 0")

@@ -299,6 +299,29 @@ class KernelSource:
             code(f"final_observations[i, {inner}] = observations[i, {inner}]" if inner
                  else "final_observations[i] = observations[i]")
 
+    @staticmethod
+    def _step_drivers(code: Code, step_args: str) -> None:
+        """``step_serial`` and ``step_parallel``: ``_step_range`` over all copies, in one loop or in chunks."""
+        def head() -> None:  # the actions were checked before the call (ActionLayout.check_batch)
+            code("# >= 0: the number of episodes that ended; -(n + 1): some copies wrote a leaf out of its",
+                 "# space (see bad)", "n = rewards.shape[0]")
+
+        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
+        with code.block(f"def step_serial({step_args}):"):
+            head()
+            code(f"ends, failed = _step_range(0, n, {step_args})", "return -(n + 1) if failed > 0 else ends")
+        # parfors need reference counting, so the threaded kernel only splits the copies into chunks
+        # and each thread runs the reference-count-free loop above on its chunk
+        code("", "", "@njit(cache=True, nogil=True, parallel=True)")
+        with code.block(f"def step_parallel({step_args}, chunks):"):
+            head()
+            code("chunks = min(n, chunks)", "ends = 0", "failed = 0",
+                 "for c in prange(chunks):",
+                 f"    e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
+                 "    ends += e",
+                 "    failed += f",
+                 "return -(n + 1) if failed > 0 else ends")
+
     def source(self) -> str:
         env = self.env
         obs_class = "" if self.passthrough else f'Obs = record("Obs", {tuple(c.field for c in self.checks)!r})\n'
@@ -337,25 +360,7 @@ class KernelSource:
                 code("failed += 1 if c < 0 else 0", "ends += c if c > 0 else 0")
             code("return ends, failed")
 
-        def head() -> None:  # the actions were checked before the call (ActionLayout.check_batch)
-            code("# >= 0: the number of episodes that ended; -(n + 1): some copies wrote a leaf out of its",
-                 "# space (see bad)", "n = rewards.shape[0]")
-
-        code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
-        with code.block(f"def step_serial({step_args}):"):
-            head()
-            code(f"ends, failed = _step_range(0, n, {step_args})", "return -(n + 1) if failed > 0 else ends")
-        # parfors need reference counting, so the threaded kernel only splits the copies into chunks
-        # and each thread runs the reference-count-free loop above on its chunk
-        code("", "", "@njit(cache=True, nogil=True, parallel=True)")
-        with code.block(f"def step_parallel({step_args}, chunks):"):
-            head()
-            code("chunks = min(n, chunks)", "ends = 0", "failed = 0",
-                 "for c in prange(chunks):",
-                 f"    e, f = _step_range(c * n // chunks, (c + 1) * n // chunks, {step_args})",
-                 "    ends += e",
-                 "    failed += f",
-                 "return -(n + 1) if failed > 0 else ends")
+        self._step_drivers(code, step_args)
         code("", "", "@njit(cache=True, nogil=True, _nrt=False)")
         with code.block(f"def reset_all({', '.join(self.reset_args())}):"):
             code("# reset every copy (seeding copy i with seed + i when seeded); returns the number of bad copies",
