@@ -485,11 +485,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         if env.agents and type(self) is BatchedNumbaEnv:
             raise EnvError(f"numba env {env.name!r} has agents {list(env.agents)}: use packrl.envs.make or "
                            "packrl.envs.numba_agents.BatchedNumbaAgents")
-        if max_episode_steps is not None:  # the env's own time limit, replaced (as gymnasium.make's argument)
-            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, (int, np.integer)) \
-                    or max_episode_steps < 1:
-                raise UsageError(f"numba env {env.name!r}: max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
-            env = replace(env, max_episode_steps=int(max_episode_steps))
+        env = with_time_limit(env, max_episode_steps)
         if int(num_envs) < 1:
             raise EnvError(f"numba env {env.name!r}: num_envs must be >= 1, got {num_envs}")
         self.numba_env, self.name = env, env.name
@@ -504,14 +500,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, n)
         self.action_space = batch_space(self.single_action_space, n)
         self.closed = False
-        self._action_kind = action.kind
-        self._action_shapes = self._policy_shapes(action)
-        single = action.kind != "hybrid"
-        self._fast_dtype = self._action_shapes[0][1] if single else None
-        self._fast_shape = (self.num_agents, *self._action_shapes[0][0]) if single else None
-        self._source = KernelSource(env, layout, action, self.passthrough)
-        self.threads = self._choose_threads(threads)
-        self.thread_choice = ThreadChoice(self.threads) if threads is None and self.threads > 1 else None
+        self._setup_kernels(KernelSource(env, layout, action, self.passthrough), threads)
 
         self.observations = np.zeros((n, *obs_shape), obs_dtype)
         self.final_observations = np.zeros_like(self.observations)
@@ -537,6 +526,18 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         if int(threads) < 1:
             raise EnvError(f"numba env {self.name!r}: threads must be None or >= 1, got {threads}")
         return min(int(threads), numba.config.NUMBA_NUM_THREADS)
+
+    def _setup_kernels(self, source: KernelSource, threads: int | None) -> None:
+        """The action arrays' shapes and dtypes, the kernels' source and the threads (``num_agents`` rows)."""
+        action = source.action
+        self._action_kind = action.kind
+        self._action_shapes = self._policy_shapes(action)
+        single = action.kind != "hybrid"
+        self._fast_dtype = self._action_shapes[0][1] if single else None
+        self._fast_shape = (self.num_agents, *self._action_shapes[0][0]) if single else None
+        self._source = source
+        self.threads = self._choose_threads(threads)
+        self.thread_choice = ThreadChoice(self.threads) if threads is None and self.threads > 1 else None
 
     @staticmethod
     def _policy_shapes(action: ActionLayout) -> tuple:
@@ -751,14 +752,7 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         nleaves = len(self._source.checks)
         where = "reset (after an episode ended)" if (phase == "step" and code >= nleaves) else phase
         check = self._source.checks[code % nleaves]
-        value = self.leaf_views[check.field][i]
-        if check.kind == "nan":
-            what = "NaN"
-        else:
-            outside = (value < check.low) | (value > check.high)
-            what = f"value {value[outside].reshape(-1)[0]} outside {check.describe()}"
-            if value.dtype.kind == "i" and value[outside].reshape(-1)[0] == np.iinfo(value.dtype).min:
-                what += " (the integer a NaN becomes when written into an integer array)"
+        what = leaf_problem(check, self.leaf_views[check.field][i])
         others = f"; {len(rows) - 1} other copies failed too" if len(rows) > 1 else ""
         raise EnvError(f"numba env {self.name!r}, env index {i}: its {where} kernel wrote {what} into observation leaf "
                        f"{check.leaf.name!r} ({check.leaf.space}){others}. Other copies' rows are intact.",
@@ -775,6 +769,26 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
 
     def __repr__(self) -> str:
         return f"BatchedNumbaEnv({self.name!r}, num_envs={self.num_envs}, threads={self.threads})"
+
+
+def with_time_limit(env: NumbaEnv, max_episode_steps: Any) -> NumbaEnv:
+    """``env`` with its time limit replaced by ``max_episode_steps`` (None: kept), as gymnasium.make's argument."""
+    if max_episode_steps is None:
+        return env
+    if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, (int, np.integer)) or max_episode_steps < 1:
+        raise UsageError(f"numba env {env.name!r}: max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
+    return replace(env, max_episode_steps=int(max_episode_steps))
+
+
+def leaf_problem(check: LeafCheck, value: np.ndarray) -> str:
+    """What is wrong with one copy's (or agent's) ``value`` of a checked leaf: NaN, or the first value out of range."""
+    if check.kind == "nan":
+        return "NaN"
+    outside = (value < check.low) | (value > check.high)
+    what = f"value {value[outside].reshape(-1)[0]} outside {check.describe()}"
+    if value.dtype.kind == "i" and value[outside].reshape(-1)[0] == np.iinfo(value.dtype).min:
+        what += " (the integer a NaN becomes when written into an integer array)"
+    return what
 
 
 def _all_rows(one: Emulated, n: int) -> Emulated:
