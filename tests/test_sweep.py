@@ -134,7 +134,7 @@ def test_bad_input_is_one_line_and_exit_2(finished, space, tmp_path):
 
 def test_median_pruning_stops_weak_trials_early_with_a_checkpoint(space, tmp_path):
     out = tmp_path / "pruned"
-    done = packrl("sweep", "cartpole", "--trials", "6", "--budget", "4096", "--space", str(space), "--sampler",
+    done = packrl("sweep", "cartpole", "--trials", "6", "--budget", "8192", "--space", str(space), "--sampler",
                   "random", "--pruner", "median", "--out", str(out), "--no-live")
     assert done.returncode == 0, done.stderr
     pruned = [n for n, s, *_ in trials(out) if s == "PRUNED"]
@@ -144,7 +144,7 @@ def test_median_pruning_stops_weak_trials_early_with_a_checkpoint(space, tmp_pat
         rows = [json.loads(line) for line in (out / "trials" / f"{n:04d}" / "history.jsonl").read_text().splitlines()]
         steps.append(rows[-1]["global_step"])
         assert (out / "trials" / f"{n:04d}" / "checkpoint" / "metadata.json").is_file()
-    assert min(steps) < 4096  # stopped before the budget (one pruned at the last report point may still reach it)
+    assert min(steps) < 8192  # stopped before the budget (one pruned near the last report point may still reach it)
 
 
 def _children(pid):

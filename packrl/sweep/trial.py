@@ -21,7 +21,7 @@ from typing import Any
 
 from packrl.sweep.objective import report_points
 
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.05
 EXIT_STOPPED = 143
 
 
@@ -52,16 +52,17 @@ class Watcher(threading.Thread):
         if not self.rows or self.pruned:
             return
         step = int(self.rows[-1].get("global_step", 0))
+        reported = False
         while self._next < len(self._points) and step >= self._points[self._next]:
             value = self.objective.intermediate(self.rows)
             self._next += 1
-            if value is None:
-                continue
-            self.trial.report(value, self._next)
-            if self._next < len(self._points) and self.trial.should_prune():
-                self.pruned = True
-                os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of this iteration, with a checkpoint
-                return
+            if value is not None:
+                self.trial.report(value, self._next)
+                reported = True
+        # one question for all the points this iteration crossed: the database is asked once, the run waits less
+        if reported and self._next < len(self._points) and self.trial.should_prune():
+            self.pruned = True
+            os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of the iteration under way, with a checkpoint
 
     def _read(self) -> None:
         from packrl.train.session import read_history
