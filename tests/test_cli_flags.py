@@ -169,7 +169,8 @@ def test_shortcuts_set_their_keys_and_name_themselves_in_errors(capsys):
                             "--num-envs", "4", "--backend", "multiprocessing", "--num-workers", "2",
                             "--network", "gru", "--hidden", "32"])
     assert config["train"] | {"total_steps": 5000, "seed": 3, "device": "cpu"} == config["train"]
-    assert config["vec"] == {"backend": "multiprocessing", "num_envs": 4, "num_workers": 2, "address": None}
+    assert config["vec"] == {"backend": "multiprocessing", "num_envs": 4, "num_workers": 2, "address": None,
+                             "step_timeout": 300.0}
     assert config["policy"]["network"] == "gru" and config["policy"]["hidden"] == 32
     for argv, words in ((["--num-envs", "4.5"], "--num-envs 4.5: expected an int >= 1"),
                         (["--total-steps", "-5"], "--total-steps -5: expected an int >= 1"),
