@@ -8,6 +8,11 @@ the public form's result, so a torch release that changes one fails that test ra
 - ``fused_adam``: ``torch._fused_adam_``, the kernel ``torch.optim.Adam(fused=True)`` calls, over one flat buffer
   without the optimizer's per-step bookkeeping (FlatAdam, ``packrl/train/optimizer.py``). Public fallback:
   Adam's update as seven whole-buffer ops (``adam_ops``).
+- ``forward_hooks_present``: torch's global forward-hook registries
+  (``torch.nn.modules.module._global_forward_hooks``, ``_global_forward_pre_hooks``) and each module's own
+  (``_forward_hooks``, ``_forward_pre_hooks``), read so that a form that bypasses module calls is not taken where
+  a hook would run (``packrl.models.fast_forms``). torch has no public way to ask; where the names are missing
+  the answer is "yes", and the policy runs its modules, which call every hook.
 - ``fused_lstm`` / ``fused_gru``: ``torch._VF.lstm`` / ``torch._VF.gru``, the fused kernels ``nn.LSTM`` and
   ``nn.GRU`` call, for a sequence without episode starts (``packrl/models/networks.py``). None where missing: the
   caller steps the cell, the public form.
@@ -17,11 +22,24 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
+from torch.nn.modules import module as _module
 
 _FUSED_ADAM = getattr(torch, "_fused_adam_", None)
 _VF = getattr(torch, "_VF", None)
 _LSTM = getattr(_VF, "lstm", None)
 _GRU = getattr(_VF, "gru", None)
+_GLOBAL_HOOKS = tuple(getattr(_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks")
+
+
+def forward_hooks_present(module: nn.Module) -> bool:
+    """Whether a forward hook or pre-hook (global, or on ``module`` or any submodule) would run on a module call;
+    True where this torch keeps them elsewhere than packrl knows (so nothing that would skip them is taken)."""
+    if any(hooks is None or hooks for hooks in _GLOBAL_HOOKS):
+        return True
+    return any(getattr(m, name, True) for m in module.modules() for name in _MODULE_HOOKS)
+
 
 
 def adam_ops(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,

@@ -94,6 +94,26 @@ def test_the_fallbacks_are_taken_when_the_private_names_are_missing(monkeypatch)
     torch.testing.assert_close(param.detach(), torch.full((4,), 0.99))  # Adam's first step: lr * sign
 
 
+def test_forward_hooks_present_sees_every_kind_of_hook():
+    """The hook registries torch_private reads are torch's own (a registered hook lands in them), and the fallback
+    (the names missing) answers yes, so no form that skips module calls is taken."""
+    from torch.nn.modules import module as torch_module
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert not torch_private.forward_hooks_present(net)
+    for register in (torch_module.register_module_forward_hook, torch_module.register_module_forward_pre_hook,
+                     net[0].register_forward_hook, net[0].register_forward_pre_hook):
+        handle = register(lambda *args: None)
+        assert torch_private.forward_hooks_present(net)
+        handle.remove()
+    assert not torch_private.forward_hooks_present(net)
+
+
+def test_forward_hooks_present_falls_back_to_yes(monkeypatch):
+    monkeypatch.setattr(torch_private, "_GLOBAL_HOOKS", (None, None))
+    assert torch_private.forward_hooks_present(torch.nn.Linear(2, 2))
+
+
 def _private_torch_names(path: Path) -> list[str]:
     """Private torch names used in one source file: an import of a ``_``-name from torch (``torch._VF``,
     ``from torch.utils._pytree import ...``) and a ``_``-attribute read through a name bound to torch or one of its

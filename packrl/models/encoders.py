@@ -502,6 +502,7 @@ class LayoutEncoder(nn.Module):
         super().__init__()
         self.layout, self.hidden = layout, hidden
         self._act, act_module = activation(activation_name)
+        self.activation = activation_name
         self.normalize = normalize
         self.output_size = hidden
         overrides = {(k if isinstance(k, tuple) else (k,)): v for k, v in (overrides or {}).items()}
@@ -629,6 +630,13 @@ class LayoutEncoder(nn.Module):
         linear = self._linear[0]
         out = self._act(F.linear(features, linear.weight, linear.bias))  # self.project, without module calls
         return out if len(batch) == 1 else out.reshape(batch + (self.hidden,))
+
+    def reads_flat_box(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is the layout's float32 Box itself, one row per leading index, read by the flat features
+        alone (the case ``packrl.models.fast_forms`` computes without ``forward``)."""
+        box = self.passthrough_leaf
+        return (box is not None and self.flat_size > 0 and not self.flat_any_symlog and x.dtype == torch.float32
+                and x.ndim == len(box.shape) + 1 and self._is_passthrough(x))
 
     def _flat(self, rows: torch.Tensor) -> torch.Tensor:
         """Every flat field of rows ``(B, nbytes)`` as scaled floats ``(B, flat_size)``."""

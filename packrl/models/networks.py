@@ -48,11 +48,12 @@ class MLP(nn.Module):
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size
         self._act, module = activation(activation_name)
+        self.activation = activation_name
         blocks: list[nn.Module] = []
         for i in range(layers):
             blocks += [nn.Linear(input_size if i == 0 else hidden_size, hidden_size), module()]
         self.net = nn.Sequential(*blocks) if blocks else nn.Identity()
-        self._linears = tuple(blocks[::2])  # a plain tuple, not registered twice (state_dict keys stay net.*)
+        self.linears = tuple(blocks[::2])  # a plain tuple, not registered twice (state_dict keys stay net.*)
         if not blocks:
             self.hidden_size = input_size
 
@@ -62,7 +63,7 @@ class MLP(nn.Module):
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
         # The blocks' own Linear + activation, applied directly: at rollout batch sizes a module call per
         # layer costs about as much as the layer itself.
-        for layer in self._linears:
+        for layer in self.linears:
             x = self._act(F.linear(x, layer.weight, layer.bias))
         return x
 
@@ -84,6 +85,7 @@ class TwinMLP(nn.Module):
         super().__init__()
         self.input_size, self.hidden_size = 2 * hidden_size, hidden_size
         self._act = activation(activation_name)[0]
+        self.activation = activation_name
         self.weight = nn.Parameter(torch.empty(2, hidden_size, hidden_size))
         self.bias = nn.Parameter(torch.empty(2, 1, hidden_size))
         for block, bias in zip(self.weight, self.bias):  # nn.Linear.reset_parameters, block by block

@@ -29,9 +29,11 @@ from packrl.emulation.actions import ActionLayout
 from packrl.emulation.layout import Layout
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
+from packrl.models import fast_forms
 from packrl.models.encoders import LayoutEncoder
-from packrl.models.heads import Decoder
+from packrl.models.heads import ActionHead, Decoder, ValueHead
 from packrl.models.networks import MLP, State, TwinMLP, make_network
+from packrl.torch_private import forward_hooks_present
 
 
 class ActionMask(nn.Module):
@@ -174,14 +176,16 @@ class Policy(nn.Module):
         return logits, values, state
 
     def step_function(self, x: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """``forward_eval`` of a stateless policy as the rollout calls it, for batches like ``x``: ``step(x, values)
-        -> logits`` writes the values into ``values`` ``(rows, 1)`` (a column of rollout storage) and returns the
-        logits, the bits of ``forward_eval`` (it is ``forward_eval``: module calls, hooks and all). None for a
-        policy with a recurrent state, which the rollout carries itself. benchmarks/model_forms.py measured
-        hand-written forms of these modules (no module calls, ``out=`` buffers) at 1.0-1.26x the plain modules over
-        whole runs on CartPole, the gridworld and MiniGrid, below issue 38's 1.3x bar for a second form."""
-        if self._recurrent(x):
+        """``forward_eval`` of a stateless policy for batches shaped and typed as ``x``, run without autograd:
+        ``step(x, values) -> logits`` writes the values into ``values`` ``(rows, 1)`` and returns the logits, the bits
+        ``forward_eval`` gives. Over a float32 Box it is ``packrl.models.fast_forms``' form (its logits in a buffer that
+        the next call overwrites); otherwise ``forward_eval`` itself. None where the policy is not packrl's own
+        stateless one: a recurrent network, an action mask, trimmed rows, a component or policy class of the user's
+        own, or a module with forward hooks."""
+        if not self._own_stateless_parts(Policy.forward_eval):
             return None
+        if fast_forms.applies(self.encoder, self.network, self.decoder, x):
+            return fast_forms.step_function(self.encoder, self.network, self.decoder, x)
         forward_eval = self.forward_eval
 
         def step(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -191,17 +195,27 @@ class Policy(nn.Module):
         return step
 
     def forward_function(self, x: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-        """``forward`` of a stateless policy as the update calls it, for minibatches like ``x`` ``(B, T, ...)``:
-        ``forward(x) -> (logits (B, T, L), values (B, T))``, ``forward`` itself (the same bits and gradients). None
-        where ``step_function`` is None."""
-        if self._recurrent(x):
+        """``forward`` of a stateless policy for batches shaped and typed as ``x`` ``(B, T, ...)``, for training:
+        ``forward(x) -> (logits (B, T, L), values (B, T))``, the bits and gradients of ``forward``: over a float32
+        Box ``packrl.models.fast_forms``' form, otherwise ``forward`` itself. None where ``step_function`` is
+        None but for an overridden ``forward_eval``."""
+        if not self._own_stateless_parts(Policy.forward):
             return None
+        flat = x.reshape((-1,) + tuple(x.shape[2:]))
+        if fast_forms.applies(self.encoder, self.network, self.decoder, flat):
+            return fast_forms.forward_function(self.encoder, self.network, self.decoder, x)
         forward = self.forward
         return lambda x: forward(x)[:2]
 
-    def _recurrent(self, x: torch.Tensor) -> bool:
-        """Whether this policy carries a state from step to step (its network's initial state is not empty)."""
-        return len(self.initial_state(1, x.device)) > 0
+    def _own_stateless_parts(self, method: Any) -> bool:
+        """Whether ``method`` (``Policy.forward_eval`` or ``Policy.forward``) is packrl's, over packrl's own
+        stateless components, with no action mask, trimmed rows or forward hooks (which a form that bypasses module
+        calls would skip)."""
+        return (getattr(type(self), method.__name__) is method and self.action_mask is None
+                and self.row_bytes is None and type(self.encoder) is LayoutEncoder
+                and type(self.network) in (MLP, TwinMLP) and type(self.decoder) is Decoder
+                and type(self.decoder.actor) is ActionHead and type(self.decoder.critic) is ValueHead
+                and not forward_hooks_present(self))
 
     def forward(self, x: torch.Tensor, state: State = (), done: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, State]:
