@@ -158,7 +158,8 @@ def _layout_table(name: str, layout: Any, escape: Any, full: bool = False) -> An
     leaves = layout.get("leaves", []) if isinstance(layout, dict) else []
     leaves = leaves if isinstance(leaves, list) else []
     nbytes = layout.get("nbytes", "?") if isinstance(layout, dict) else "?"
-    table = Table(title=escape(_text(f"{name} layout: {_text(nbytes, full)} bytes, {len(leaves)} {'leaf' if len(leaves) == 1 else 'leaves'}", full)))
+    counted = f"{len(leaves)} {'leaf' if len(leaves) == 1 else 'leaves'}"
+    table = Table(title=escape(_text(f"{name} layout: {_text(nbytes, full)} bytes, {counted}", full)))
     for column in ("path", "field", "dtype", "shape", "offset"):
         table.add_column(column)
     for leaf in leaves:

@@ -32,13 +32,12 @@ from typing import Any
 from packrl.errors import ConfigError
 from packrl.sweep.objective import REPORTS, Objective
 from packrl.sweep.space import Space
+from packrl.sweep.trials import CUT, OWNER, counts
 
 SAMPLERS = ("tpe", "cmaes", "random")
 PRUNERS = ("median", "hyperband", "none")
 EXIT_OK, EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 130, 143
 POLL_SECONDS = 0.5
-OWNER = "packrl_owner"  # system attribute of a trial: the sweep (host:folder) running it
-CUT = "cut"
 SURPLUS = "surplus: the study had its trials when it was asked for (sweeps sharing it asked at once)"
 
 
@@ -175,15 +174,6 @@ def _recorded_summary(recorded: Any) -> str:
     if not isinstance(recorded, dict):
         return "not made by packrl sweep"
     return f"env {recorded.get('env')}, objective {recorded.get('objective')}, budget {recorded.get('budget')}"
-
-
-def counts(trials: list) -> tuple[int, int]:
-    """(finished trials that count toward --trials, trials running now) over the whole study."""
-    from optuna.trial import TrialState
-
-    done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and str(t.user_attrs.get("failure", CUT)).startswith("error")))
-    return done, sum(1 for t in trials if t.state == TrialState.RUNNING)
 
 
 def fail_cut_trials(study: Any, owner: str, reason: str) -> list[int]:

@@ -79,7 +79,7 @@ class TrialView:
         finished trials (before there is one, from the running trials' progress)."""
         from optuna.trial import TrialState
 
-        from packrl.sweep.study import OWNER, counts
+        from packrl.sweep.trials import OWNER, counts
 
         options, running = self.sweep.options, self.sweep.running
         walls = [elapsed(t) for t in trials if t.state == TrialState.COMPLETE and t.system_attrs.get(OWNER) == self.sweep.owner]
@@ -100,7 +100,7 @@ class TrialView:
         return (left + to_start * (estimate or 0.0)) / max(options.jobs, 1)
 
     def heading(self, trials: list) -> str:
-        from packrl.sweep.study import counts
+        from packrl.sweep.trials import counts
 
         done, active = counts(trials)
         o = self.sweep.options
