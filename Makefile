@@ -33,7 +33,7 @@ system-deps:
 demo: install
 	$(PY) examples/train_demo.py
 
-test: install
+test: system-deps install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 

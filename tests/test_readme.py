@@ -138,8 +138,18 @@ def check_configs(argv, out, workdir):
     assert set(config) <= {"env", "vec", "policy", "train"} and config
 
 
+def check_sweep(argv, out, workdir):
+    if argv[2] == "show":  # the results of the sweep the README ran just before
+        folder = workdir / argv[3]
+        assert (folder / "best.toml").is_file() and list((folder / "plots").glob("*.png")), out
+        return
+    trials = int(argv[argv.index("--trials") + 1])
+    assert re.search(rf"{trials}/{trials} finished", out) and "best: trial " in out, out[-2000:]
+    assert len(list((workdir / "sweeps" / argv[2] / "trials").iterdir())) >= trials
+
+
 CHECKS = {"train": check_train, "eval": check_eval, "inspect": check_inspect, "check": check_check,
-          "configs": check_configs}
+          "configs": check_configs, "sweep": check_sweep}
 
 
 @pytest.mark.parametrize("argv", PACKRL, ids=[" ".join(argv[:3]) for argv in PACKRL])

@@ -1,7 +1,9 @@
-"""``packrl sweep ENV``: hyperparameter search on Optuna, each trial an ordinary packrl run folder
-(``packrl.sweep``); ``packrl sweep show SWEEP``: the best trials, the Pareto front, PNG plots and best.toml;
-``packrl sweep dashboard SWEEP``: optuna-dashboard on localhost. The reference is docs/sweep.md.
-Exit status: 0 done, 2 bad input (one line on stderr), 130/143 stopped by SIGINT/SIGTERM (rerun to continue)."""
+"""Search a packrl env's training settings with Optuna: each trial is an ordinary packrl run folder, and
+``packrl sweep show SWEEP`` (best trials, Pareto front, PNG plots, best.toml) and ``packrl sweep dashboard SWEEP``
+(optuna-dashboard on localhost) read the study.
+
+The reference is docs/sweep.md (``packrl.sweep``). Exit status: 0 done, 2 bad input (one line on stderr), 130/143
+stopped by SIGINT/SIGTERM (rerun to continue)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from packrl.commands.arguments import non_negative_int, positive_int
+from packrl.commands.arguments import description, non_negative_int, positive_int
 
 SUBCOMMANDS = ("show", "dashboard")
 
@@ -22,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 def sweep_parser() -> _Parser:
     from packrl.sweep.study import PRUNERS, SAMPLERS
 
-    parser = _Parser(prog="packrl sweep", description=__doc__.split("\n")[0], allow_abbrev=False,
+    parser = _Parser(prog="packrl sweep", description=description(__doc__), allow_abbrev=False,
                      epilog="packrl sweep show SWEEP: results and plots; packrl sweep dashboard SWEEP: optuna-dashboard")
     parser.add_argument("env", metavar="ENV", help="the env id, as packrl train takes it")
     parser.add_argument("--trials", type=positive_int, default=20, metavar="N",
