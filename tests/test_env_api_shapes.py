@@ -1,7 +1,9 @@
 """What an env's reset and step return, checked for shape before anything is stored: the pre-0.26 gym API
 (an observation alone from reset, four values from step) and an info that is not a dict are refused naming
-the env, the method and what it returned; a Parallel env's rewards, terminations, truncations and infos need
-a key for each live agent."""
+the env, the method and what it returned; a Parallel env's rewards, terminations and truncations need
+a key for each live agent (a missing info reads as {} with one warning)."""
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -92,12 +94,24 @@ class Parallel(ParallelEnv):
         return {a: 1 for a in self.agents}, out["rewards"], out["terminations"], out["truncations"], out["infos"]
 
 
-@pytest.mark.parametrize("drop", ["rewards", "terminations", "truncations", "infos"])
+@pytest.mark.parametrize("drop", ["rewards", "terminations", "truncations"])
 def test_a_parallel_env_needs_a_key_for_each_live_agent(drop):
     env = emulate(Parallel(drop))
     env.reset(seed=0)
     with pytest.raises(EmulationError, match=f"step\\(\\) returned {drop} without agent 'b', which was alive"):
         env.step(np.zeros(2, np.int64))
+
+
+def test_a_missing_info_reads_as_empty_with_one_warning_per_env():
+    # multigrid returns an empty defaultdict(dict) and PettingZoo's own API test only warns: nothing is lost
+    env = emulate(Parallel("infos"))
+    env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match="returned infos without agent 'b', which was alive.*reads as {}"):
+        infos = env.step(np.zeros(2, np.int64))[4]
+    assert infos["b"] == {} and infos["a"] == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert env.step(np.zeros(2, np.int64))[4]["b"] == {}
 
 
 def test_a_parallel_env_info_must_be_a_dict():
