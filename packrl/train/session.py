@@ -271,9 +271,9 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
     told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
     the training loop (``_train``), the closing report (``_report``). The lines that say why training stopped
     (an error, a signal) go to ``errors`` (the command's stderr; default: ``console``)."""
-    from packrl.train.distributed import env_seed, join
+    from packrl.train.distributed import join
     from packrl.train.ppo import seed_everything
-    from packrl.train.run import make_vecenv, ppo_config
+    from packrl.train.run import ppo_config
 
     group = join(options.collective_timeout)  # under torchrun: this process is one rank of the run
     main = group.main
@@ -287,18 +287,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
         folder = _run_folder(options, config, resumed, group)
         cfg = ppo_config(config)
         seed_everything(cfg.seed)  # before the policy exists: the seed fixes the initial weights
-        try:
-            vecenv = make_vecenv(config, seed=env_seed(cfg.seed, group.rank, group.world,
-                                                       int(config["vec"]["num_envs"])))
-        except BaseException as err:
-            if main:
-                _remove_if_empty(folder)
-            if resumed is not None and isinstance(err, ConfigError) and config["env"]["id"] != resumed.recorded_env:
-                # a resume cannot change the backend: advice about it would be advice the user cannot follow
-                raise resumed.refusal(f"the run's recorded [vec] settings (backend {config['vec']['backend']!r}) "
-                                      "cannot step it; resume with the run's own env (leave ENV out), or start a new "
-                                      "run for this one") from None
-            raise
+        vecenv = _make_envs(config, cfg.seed, folder, resumed, group)
         history = None
         try:
             ppo = _trainer(vecenv, config, cfg, options, resumed, group)
@@ -327,6 +316,24 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
         raise
     finally:
         group.close()
+
+
+def _make_envs(config: dict, seed: int, folder: Path, resumed: Resumed | None, group: Group) -> Any:
+    """This rank's vector env, seeded apart from every other rank's; the run folder goes if it cannot be made."""
+    from packrl.train.distributed import env_seed
+    from packrl.train.run import make_vecenv
+
+    try:
+        return make_vecenv(config, seed=env_seed(seed, group.rank, group.world, int(config["vec"]["num_envs"])))
+    except BaseException as err:
+        if group.main:
+            _remove_if_empty(folder)
+        if resumed is not None and isinstance(err, ConfigError) and config["env"]["id"] != resumed.recorded_env:
+            # a resume cannot change the backend: advice about it would be advice the user cannot follow
+            raise resumed.refusal(f"the run's recorded [vec] settings (backend {config['vec']['backend']!r}) "
+                                  "cannot step it; resume with the run's own env (leave ENV out), or start a new "
+                                  "run for this one") from None
+        raise
 
 
 def _leave_together(group: Group) -> None:
@@ -480,27 +487,14 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     (rank 0's clock decides) and on the episode figures (over all ranks' episodes). Rank 0 alone writes history,
     dashboard, TensorBoard, checkpoints and the curve. A collective that fails (a rank lost) stops training
     with exit code 3 and nothing saved."""
-    from packrl.train.dashboard import Dashboard
-    from packrl.train.distributed import DivergedError
     from packrl.train.plot import plot_learning_curve
-    from packrl.train.ppo import NonFiniteError
     from packrl.train.tracking import start as start_tracker
 
     main = group.main
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
     versus = _versus_check(env_id, config, options) if main else None
-    if resumed is not None:
-        console.print(escape(printable(f"resuming {folder} from {resumed.checkpoint} (step {ppo.global_step:,}, "
-                                       "its recorded settings)")), highlight=False, soft_wrap=True)
-    elif options.preamble:
-        console.print(escape(options.preamble), highlight=False, soft_wrap=True)
-    ranks = f" x {group.world} ranks" if group.world > 1 else ""
-    rows = ppo.env.num_agents
-    title = f"packrl PPO on {env_id} ({rows} row{'' if rows == 1 else 's'}{ranks}, {ppo.device})"
-    board = Dashboard(title, total, live=options.live and console.is_terminal and main,
-                      tensorboard=_tensorboard_folder(options.tensorboard, folder) if main else None,
-                      log_seconds=options.log_seconds, console=console, start_step=ppo.global_step,
-                      versus=versus is not None)
+    title = _announce(ppo, env_id, options, folder, resumed, console, group)
+    board = _dashboard(ppo, title, total, options, folder, console, main, versus is not None)
     stops = StopSignals()
     stops.board, stops.quiet = board, not main
     tracker = start_tracker(options.track if main else None, folder, config, console)  # W&B beside TensorBoard
@@ -519,35 +513,77 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
             checkpoints.save_periodic(ppo, config, history.rows)
         return stops.received is None
 
-    code, error = EXIT_OK, None
     with stops, board, tracker:
-        try:
-            ppo.train(total, callback)
-        except (NonFiniteError, PackrlError) as err:
-            code, error = EXIT_STOPPED_BY_ERROR, err
-            history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step,
-                            **getattr(err, "stats", {}), "error": str(err)})
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
-            code = EXIT_SIGINT
-        except RuntimeError as err:  # a collective failed: the weights may be half updated, nothing is saved
-            if not group.collective_error(err):
-                raise
-            code, error = EXIT_STOPPED_BY_ERROR, group.lost(err)
-            history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step, "error": str(error)})
+        code, error = _run_iterations(ppo, total, callback, history, group)
         if code == EXIT_OK:
-            try:
-                _agree(group, None, stops, False)  # a signal that came after the last iteration's agreement
-                if stops.received is not None:
-                    code = SIGNAL_EXIT[stops.received]
-                checkpoints.save_latest(ppo, config, history.rows)
-            except (DivergedError, RuntimeError) as err:
-                if not (isinstance(err, DivergedError) or group.collective_error(err)):
-                    raise
-                code, error = EXIT_STOPPED_BY_ERROR, err if isinstance(err, DivergedError) else group.lost(err)
+            code, error = _save_last(ppo, config, history, checkpoints, stops, group)
         tracker.code = code
         if main:
             plot_learning_curve(history.rows, folder / "learning_curve.png", title)  # signals still just noted
     return code, error
+
+
+def _announce(ppo: Any, env_id: str, options: RunOptions, folder: Path, resumed: Resumed | None,
+              console: Console, group: Group) -> str:
+    """Print what this run resumes (or the caller's preamble); the dashboard's title."""
+    if resumed is not None:
+        console.print(escape(printable(f"resuming {folder} from {resumed.checkpoint} (step {ppo.global_step:,}, "
+                                       "its recorded settings)")), highlight=False, soft_wrap=True)
+    elif options.preamble:
+        console.print(escape(options.preamble), highlight=False, soft_wrap=True)
+    ranks = f" x {group.world} ranks" if group.world > 1 else ""
+    rows = ppo.env.num_agents
+    return f"packrl PPO on {env_id} ({rows} row{'' if rows == 1 else 's'}{ranks}, {ppo.device})"
+
+
+def _dashboard(ppo: Any, title: str, total: int, options: RunOptions, folder: Path, console: Console, main: bool,
+               versus: bool) -> Any:
+    """The live dashboard (a terminal on rank 0 only) with its TensorBoard writer."""
+    from packrl.train.dashboard import Dashboard
+
+    return Dashboard(title, total, live=options.live and console.is_terminal and main,
+                     tensorboard=_tensorboard_folder(options.tensorboard, folder) if main else None,
+                     log_seconds=options.log_seconds, console=console, start_step=ppo.global_step, versus=versus)
+
+
+def _run_iterations(ppo: Any, total: int, callback: Any, history: History,
+                    group: Group) -> tuple[int, BaseException | None]:
+    """``ppo.train`` to ``total`` steps; an error that stops training is written to history and returned."""
+    from packrl.train.ppo import NonFiniteError
+
+    try:
+        ppo.train(total, callback)
+    except (NonFiniteError, PackrlError) as err:
+        history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step,
+                        **getattr(err, "stats", {}), "error": str(err)})
+        return EXIT_STOPPED_BY_ERROR, err
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, save nothing
+        return EXIT_SIGINT, None
+    except RuntimeError as err:  # a collective failed: the weights may be half updated, nothing is saved
+        if not group.collective_error(err):
+            raise
+        error = group.lost(err)
+        history.append({"iteration": ppo.iteration + 1, "global_step": ppo.global_step, "error": str(error)})
+        return EXIT_STOPPED_BY_ERROR, error
+    return EXIT_OK, None
+
+
+def _save_last(ppo: Any, config: dict, history: History, checkpoints: Checkpoints, stops: StopSignals,
+               group: Group) -> tuple[int, BaseException | None]:
+    """After the last iteration: take a signal that came after its agreement, then save the last checkpoint."""
+    from packrl.train.distributed import DivergedError
+
+    code = EXIT_OK
+    try:
+        _agree(group, None, stops, False)  # a signal that came after the last iteration's agreement
+        if stops.received is not None:
+            code = SIGNAL_EXIT[stops.received]
+        checkpoints.save_latest(ppo, config, history.rows)
+    except (DivergedError, RuntimeError) as err:
+        if not (isinstance(err, DivergedError) or group.collective_error(err)):
+            raise
+        return EXIT_STOPPED_BY_ERROR, err if isinstance(err, DivergedError) else group.lost(err)
+    return code, None
 
 
 def _agree(group: Group, stats: dict | None, stops: StopSignals, due: bool) -> bool:
