@@ -110,9 +110,14 @@ def build_parser() -> Parser:
                              allow_abbrev=False)
     commands.configs.add_arguments(configs)
 
-    Parser.known_flags = {name: sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
-                          for name, p in sub.choices.items()}
+    Parser.known_flags = {name: _long_flags(p) for name, p in sub.choices.items()}
     return parser
+
+
+def _long_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The ``--`` flags of ``parser`` and its argument groups, for close matches to a misspelt one."""
+    actions = parser._actions  # noqa: SLF001 - argparse lists a parser's actions only on this attribute
+    return sorted({o for a in actions for o in a.option_strings if o.startswith("--")})
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser, settings: dict, preset_values: dict[str, str],

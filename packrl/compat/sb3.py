@@ -148,7 +148,7 @@ class PackrlVecEnv(VecEnv):
         return [images[row // self._per_env] for row in range(self.num_envs)]
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        if attr_name == "render_mode" and not hasattr(self.venv, "_call_envs"):
+        if attr_name == "render_mode" and not hasattr(self.venv, "call_envs"):
             return [None] * self.num_envs  # Numba copies render nothing
         return self._on(Request(attr_name, call=False), indices)
 
@@ -169,7 +169,7 @@ class PackrlVecEnv(VecEnv):
     def _on(self, request: Request, indices: VecEnvIndices) -> list:
         """Run ``request`` on the envs holding the rows of ``indices`` (each env once, however many of its
         agent rows are named); one result per row, its env's, in that order."""
-        if not hasattr(self.venv, "_call_envs"):
+        if not hasattr(self.venv, "call_envs"):
             raise UsageError(f"{request.name!r}: the copies of a Numba env are rows of one compiled state, not env objects")
         rows = list(self._get_indices(indices))
         for row in rows:
@@ -179,7 +179,7 @@ class PackrlVecEnv(VecEnv):
             raise UsageError(f"env_method({request.name!r}) would reach the envs behind the vector env's back")
         envs = sorted({row // self._per_env for row in rows})
         only = None if len(envs) == self.venv.num_envs else frozenset(envs)
-        results = checked(self.venv._call_envs(Request(request.name, request.args, request.kwargs, request.call,
+        results = checked(self.venv.call_envs(Request(request.name, request.args, request.kwargs, request.call,
                                                        request.values, only)))
         return [results[row // self._per_env] for row in rows]
 
@@ -222,14 +222,14 @@ def _row_agents(venv: Any) -> list:
 
 def _refuse_turn_based(venv: Any) -> None:
     """A PettingZoo AEC env's rows hold only the acting agent; SB3 would train on every waiting row."""
-    if not hasattr(venv, "_call_envs"):
+    if not hasattr(venv, "call_envs"):
         return
     try:
         from pettingzoo import AECEnv
     except ImportError:  # an optional extra: without it there is no AEC env (agents="tuple" envs are gymnasium's)
         return
 
-    types = checked(venv._call_envs(Request(WRAPPERS, only=frozenset([0]))))[0]
+    types = checked(venv.call_envs(Request(WRAPPERS, only=frozenset([0]))))[0]
     if issubclass(types[0], AECEnv):
         raise UsageError(f"as_sb3: env 0 is a PettingZoo AEC env ({types[-1].__module__}.{types[-1].__name__}), "
                          "emulated turn by turn: its rows hold only the acting agent, while SB3's rows all act every "

@@ -115,8 +115,8 @@ class Layout:
         # the one pass-through predicate: a lone Box may travel as its own rows (the leaf's dtype and
         # shape) instead of packed bytes; emulation (rows.row_format) and every reader of rows ask this
         self.box = leaves[0] if type(root) is LeafNode and isinstance(space, spaces.Box) else None
-        self._key = json.dumps(self.to_dict(), sort_keys=True)
-        self.packer = Packer(root, leaves, nbytes, self.gaps, self._key)
+        self.key = json.dumps(self.to_dict(), sort_keys=True)
+        self.packer = Packer(root, leaves, nbytes, self.gaps, self.key)
         self._unflatten_fn = _unflatten_function(root)
         self._last: tuple = (None, None)  # (weakref to a buffer, its BoundRows), see _bound_rows
 
@@ -248,10 +248,10 @@ class Layout:
         self._unflatten_fn = _unflatten_function(self.root)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and self._key == other._key
+        return isinstance(other, Layout) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return hash(self.key)
 
     def __iter__(self) -> Iterator[Leaf]:
         return iter(self.leaves)

@@ -16,11 +16,10 @@ import numpy as np
 
 from packrl.emulation import compiled
 from packrl.emulation.codecs import LeafCodec
+from packrl.emulation.compiled import _fastpack
 from packrl.emulation.tree import DictNode, LeafNode, Node, TupleNode, flatten, iter_leaves
 from packrl.emulation.values import format_path
 from packrl.errors import EmulationError
-
-_fastpack = compiled._fastpack
 
 STACK_INTO_ROWS_BYTES = 1024
 """Leaves at least this large are stacked straight into the rows; smaller ones go through one

@@ -128,7 +128,7 @@ class AgentsKernelSource(KernelSource):
         with code.block("for a in range(A):"):
             self._row_loops(code, "observations[i, a, {j}] = 0")
             code("masks[i, a] = True", "pending[i, a] = 0.0")
-        code("_user_reset(state, obs, masks[i], rng[i])")
+        code("user_reset(state, obs, masks[i], rng[i])")
         with code.block("for a in range(A):"), code.block("if not masks[i, a]:"):
             self._row_loops(code, "observations[i, a, {j}] = 0")
 
@@ -152,7 +152,7 @@ class AgentsKernelSource(KernelSource):
                     code("before[i, a] = masks[i, a]", "rewards[i, a] = 0.0", "terminals[i, a] = False",
                          "truncations[i, a] = False")
                 code(f"state = {self._state_expr()}", f"obs = {self._obs_expr()}",
-                     f"_user_step(state, {self._action_expr()}, obs, rewards[i], terminals[i], truncations[i], "
+                     f"user_step(state, {self._action_expr()}, obs, rewards[i], terminals[i], truncations[i], "
                      "masks[i], rng[i])",
                      "lengths[i] += 1", "limit = MAX_STEPS > 0 and lengths[i] >= MAX_STEPS", "c = 0")
                 self._agent_checks(code, 0, "True" if self.env.turns else "before[i, a] or masks[i, a]")

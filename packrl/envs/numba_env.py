@@ -224,8 +224,8 @@ State = record("State", {state_fields!r})
 # The kernels run with _nrt=False: they allocate nothing, and without reference counting the
 # per-copy views (state, obs, rng rows) cost no atomic increments (2-3x faster on CartPole).
 # set by packrl right after import, before anything compiles
-_user_reset = None
-_user_step = None
+user_reset = None
+user_step = None
 MAX_STEPS = {max_steps}
 NLEAVES = {nleaves}
 '''
@@ -341,7 +341,7 @@ class KernelSource:
             with code.block("for i in range(lo, hi):"):
                 code(f"state = {self._state_expr()}",
                      f"obs = {self._obs_expr()}",
-                     f"reward, terminated, truncated = check_step_result(_user_step(state, {self._action_expr()}, obs, rng[i]))",
+                     f"reward, terminated, truncated = check_step_result(user_step(state, {self._action_expr()}, obs, rng[i]))",
                      "lengths[i, 0] += 1",
                      "returns[i, 0] += reward",
                      "if MAX_STEPS > 0 and lengths[i, 0] >= MAX_STEPS:",
@@ -354,7 +354,7 @@ class KernelSource:
                 with code.block("if c == 0 and (terminated or truncated):"):
                     self._row_copy(code)
                     code("returns[i, 1] = returns[i, 0]", "lengths[i, 1] = lengths[i, 0]", "returns[i, 0] = 0.0",
-                         "lengths[i, 0] = 0", "_user_reset(state, obs, rng[i])")
+                         "lengths[i, 0] = 0", "user_reset(state, obs, rng[i])")
                     self._leaf_checks(code, nleaves)
                     code("if c == 0:", "    c = 1")
                 code("failed += 1 if c < 0 else 0", "ends += c if c > 0 else 0")
@@ -368,7 +368,7 @@ class KernelSource:
             with code.block("for i in range(n):"):
                 code("if seeded:", "    seed_rng(rng[i], seed + i)", "rewards[i] = 0.0", "terminals[i] = False",
                      "truncations[i] = False", "returns[i, 0] = 0.0", "lengths[i, 0] = 0",
-                     f"state = {self._state_expr()}", f"obs = {self._obs_expr()}", "_user_reset(state, obs, rng[i])",
+                     f"state = {self._state_expr()}", f"obs = {self._obs_expr()}", "user_reset(state, obs, rng[i])",
                      "c = 0")
                 self._leaf_checks(code, nleaves)
                 code("failed += 1 if c < 0 else 0")
@@ -413,10 +413,10 @@ def load_kernels(source: KernelSource, inline: bool = True) -> Any:
         return sys.modules[modname]
     module = import_generated(modname, text)
     if inline:
-        module._user_reset = njit(inline="always")(source.env.reset.py_func)
-        module._user_step = njit(inline="always")(source.env.step.py_func)
+        module.user_reset = njit(inline="always")(source.env.reset.py_func)
+        module.user_step = njit(inline="always")(source.env.step.py_func)
     else:
-        module._user_reset, module._user_step = source.env.reset, source.env.step
+        module.user_reset, module.user_step = source.env.reset, source.env.step
     for name, arr in source.constants.items():
         setattr(module, name, arr)
     return module
@@ -526,6 +526,11 @@ class BatchedNumbaEnv(NoEnvObjects, gymnasium.vector.VectorEnv):
         if int(threads) < 1:
             raise EnvError(f"numba env {self.name!r}: threads must be None or >= 1, got {threads}")
         return min(int(threads), numba.config.NUMBA_NUM_THREADS)
+
+    @property
+    def action_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """Each action array's per-row shape and dtype, in the kernel's policy-facing form (two for a hybrid)."""
+        return self._action_shapes
 
     def _setup_kernels(self, source: KernelSource, threads: int | None) -> None:
         """The action arrays' shapes and dtypes, the kernels' source and the threads (``num_agents`` rows)."""

@@ -24,45 +24,80 @@ from packrl.errors import EmulationError, UsageError
 SINGLE_AGENT = "agent_0"
 
 
+class OneCopy:
+    """One copy of a Numba env (a one-copy batched env, ``threads=1``) read and driven per agent: the rows of its
+    agents, their native observations, the agents alive, and native actions encoded as the kernel's rows. Both
+    PettingZoo faces hold one."""
+
+    def __init__(self, spec: NumbaEnv, seed: int, **kwargs: Any):
+        from packrl.envs import batched
+
+        self.numba_env = spec
+        self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
+        self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
+        self.row = {agent: row for row, agent in enumerate(self.possible_agents)}
+        self.observation_spaces = {agent: spec.observation_space for agent in self.possible_agents}
+        self.action_spaces = {agent: spec.action_space for agent in self.possible_agents}
+        self.layout, self.action = self.batched.emulated.observation, self.batched.emulated.action
+
+    def native(self, row: np.ndarray) -> Any:
+        """The native observation of one row (a copy)."""
+        if self.batched.passthrough:
+            return row.copy()
+        return self.layout.to_native(self.layout.unpack(row))
+
+    def alive(self) -> list:
+        """The agents whose rows are live, in row order."""
+        return [self.possible_agents[row] for row in np.flatnonzero(self.batched.masks).tolist()]
+
+    def policy_batch(self, actions: Mapping, name: str) -> Any:
+        """The agents' native actions (checked against the space) as the kernel's policy-facing rows."""
+        n = len(self.possible_agents)
+        encoded = {}
+        for agent, native in actions.items():
+            if not self.action_spaces[agent].contains(native):
+                raise EmulationError(f"{name}: action {native!r} of agent {agent!r} is outside its action space "
+                                     f"{self.action_spaces[agent]}")
+            encoded[self.row[agent]] = self.action.encode(native)
+        if self.action.kind == "hybrid":
+            disc = np.zeros((n, self.action.num_discrete), np.int64)
+            cont = np.zeros((n, self.action.num_continuous), self.action.continuous_dtype)
+            for row, value in encoded.items():
+                disc[row], cont[row] = value["discrete"], value["continuous"]
+            return {"discrete": disc, "continuous": cont}
+        shape, dtype = self.batched.action_shapes[0]
+        batch = np.zeros((n, *shape), dtype)
+        for row, value in encoded.items():
+            batch[row] = value
+        return batch
+
+
 class NumbaParallelEnv(ParallelEnv):
     """PettingZoo's ``ParallelEnv`` over one copy of a Numba env (see the module docstring)."""
 
     def __init__(self, env: Any, seed: int = 0, **kwargs: Any):
-        from packrl.envs import batched
-
         spec = _spec(env)
-        if spec.turns and type(self) is NumbaParallelEnv:
+        if spec.turns:
             raise UsageError(f"numba env {spec.name!r} moves in turns: it has no PettingZoo Parallel form; use "
                              "packrl.envs.pettingzoo_face.aec_env")
-        self.numba_env = spec
-        self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
-        self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
+        self.copy = OneCopy(spec, seed, **kwargs)
+        self.numba_env, self.batched = spec, self.copy.batched
+        self.possible_agents = self.copy.possible_agents[:]
         self.agents: list = []
-        self._row = {agent: row for row, agent in enumerate(self.possible_agents)}
-        self._observation_spaces = {agent: spec.observation_space for agent in self.possible_agents}
-        self._action_spaces = {agent: spec.action_space for agent in self.possible_agents}
-        self._layout, self._action = self.batched.emulated.observation, self.batched.emulated.action
         self.metadata = {"name": f"packrl_numba_{spec.name}", "is_parallelizable": True, "render_modes": []}
         self.render_mode = None
 
     def observation_space(self, agent: Any) -> spaces.Space:
-        return self._observation_spaces[agent]
+        return self.copy.observation_spaces[agent]
 
     def action_space(self, agent: Any) -> spaces.Space:
-        return self._action_spaces[agent]
-
-    def _native(self, row: np.ndarray) -> Any:
-        if self.batched.passthrough:
-            return row.copy()
-        return self._layout.to_native(self._layout.unpack(row))
-
-    def _alive(self) -> list:
-        return [self.possible_agents[row] for row in np.flatnonzero(self.batched.masks).tolist()]
+        return self.copy.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         rows, _ = self.batched.reset(seed=seed)
-        self.agents = self._alive()
-        return {agent: self._native(rows[self._row[agent]]) for agent in self.agents}, {a: {} for a in self.agents}
+        self.agents = self.copy.alive()
+        return {agent: self.copy.native(rows[self.copy.row[agent]]) for agent in self.agents}, \
+            {a: {} for a in self.agents}
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         if not isinstance(actions, Mapping):
@@ -75,44 +110,23 @@ class NumbaParallelEnv(ParallelEnv):
         missing = [agent for agent in self.agents if agent not in actions]
         if missing:
             raise EmulationError(f"{self}: no action given for agent(s) {missing}, which must act this step")
-        batch = self._policy_batch(actions)
+        batch = self.copy.policy_batch(actions, str(self))
         before = self.agents
         rows, rewards, terminals, truncations, _ = self.batched.step(batch)
         final = self.batched.final_observations
         obs, rew, term, trunc = {}, {}, {}, {}
         for agent in before:
-            row = self._row[agent]
+            row = self.copy.row[agent]
             ended = bool(terminals[row] or truncations[row])
-            obs[agent] = self._native(final[row] if ended else rows[row])
+            obs[agent] = self.copy.native(final[row] if ended else rows[row])
             rew[agent] = float(rewards[row])
             term[agent], trunc[agent] = bool(terminals[row]), bool(truncations[row])
         over = all(term[a] or trunc[a] for a in before) if not self.numba_env.agents else self.batched.episode_steps[0] == 0
-        self.agents = [] if over else self._alive()
+        self.agents = [] if over else self.copy.alive()
         for agent in self.agents:
             if agent not in obs:  # joined at this step
-                obs[agent] = self._native(rows[self._row[agent]])
+                obs[agent] = self.copy.native(rows[self.copy.row[agent]])
         return obs, rew, term, trunc, {agent: {} for agent in before}
-
-    def _policy_batch(self, actions: Mapping) -> Any:
-        """The agents' native actions (checked against the space) as the kernel's policy-facing rows."""
-        n = len(self.possible_agents)
-        encoded = {}
-        for agent, native in actions.items():
-            if not self._action_spaces[agent].contains(native):
-                raise EmulationError(f"{self}: action {native!r} of agent {agent!r} is outside its action space "
-                                     f"{self._action_spaces[agent]}")
-            encoded[self._row[agent]] = self._action.encode(native)
-        if self._action.kind == "hybrid":
-            disc = np.zeros((n, self._action.num_discrete), np.int64)
-            cont = np.zeros((n, self._action.num_continuous), self._action.continuous_dtype)
-            for row, value in encoded.items():
-                disc[row], cont[row] = value["discrete"], value["continuous"]
-            return {"discrete": disc, "continuous": cont}
-        shape, dtype = self.batched._action_shapes[0]
-        batch = np.zeros((n, *shape), dtype)
-        for row, value in encoded.items():
-            batch[row] = value
-        return batch
 
     def render(self) -> None:
         return None
@@ -131,28 +145,29 @@ class NumbaAECEnv(AECEnv):
 
     def __init__(self, env: Any, seed: int = 0, **kwargs: Any):
         super().__init__()
-        self._face = _TurnRows(env, seed=seed, **kwargs)
-        spec = self._face.numba_env
-        self.possible_agents = list(spec.agents)
+        spec = _spec(env)
+        self.copy = OneCopy(spec, seed, **kwargs)
+        self.numba_env, self.batched = spec, self.copy.batched
+        self.possible_agents = self.copy.possible_agents[:]
         self.agents: list = []
         self.metadata = {"name": f"packrl_numba_{spec.name}", "is_parallelizable": False, "render_modes": []}
         self.render_mode = None
         self._obs: dict = {}
 
     def observation_space(self, agent: Any) -> spaces.Space:
-        return self._face.observation_space(agent)
+        return self.copy.observation_spaces[agent]
 
     def action_space(self, agent: Any) -> spaces.Space:
-        return self._face.action_space(agent)
+        return self.copy.action_spaces[agent]
 
     def observe(self, agent: Any) -> Any:
         return self._obs[agent]
 
     def _read(self, rows: np.ndarray) -> None:
-        self._obs = {agent: self._face._native(rows[row]) for agent, row in self._face._row.items()}
+        self._obs = {agent: self.copy.native(rows[row]) for agent, row in self.copy.row.items()}
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-        rows, _ = self._face.batched.reset(seed=seed)
+        rows, _ = self.batched.reset(seed=seed)
         self.agents = self.possible_agents[:]
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
@@ -160,40 +175,36 @@ class NumbaAECEnv(AECEnv):
         self.truncations = dict.fromkeys(self.agents, False)
         self.infos = {agent: {} for agent in self.agents}
         self._read(rows)
-        self.agent_selection = self._face._alive()[0]
+        self.agent_selection = self.copy.alive()[0]
 
     def step(self, action: Any) -> None:
         mover = self.agent_selection
         if self.terminations[mover] or self.truncations[mover]:
             self._was_dead_step(action)
             return
-        batch = self._face._policy_batch({mover: action})
-        rows, rewards, terminals, truncations, _ = self._face.batched.step(batch)
+        batch = self.copy.policy_batch({mover: action}, str(self))
+        rows, rewards, terminals, truncations, _ = self.batched.step(batch)
         self._cumulative_rewards[mover] = 0.0
-        self.rewards = {agent: float(rewards[row]) for agent, row in self._face._row.items()}
+        self.rewards = {agent: float(rewards[row]) for agent, row in self.copy.row.items()}
         if terminals.any() or truncations.any():  # the game ended for every agent (and the copy was reset)
-            self._read(self._face.batched.final_observations)
-            for agent, row in self._face._row.items():
+            self._read(self.batched.final_observations)
+            for agent, row in self.copy.row.items():
                 self.terminations[agent], self.truncations[agent] = bool(terminals[row]), bool(truncations[row])
             order = self.possible_agents
             self.agent_selection = order[(order.index(mover) + 1) % len(order)]
         else:
             self._read(rows)
-            self.agent_selection = self._face._alive()[0]
+            self.agent_selection = self.copy.alive()[0]
         self._accumulate_rewards()
 
     def render(self) -> None:
         return None
 
     def close(self) -> None:
-        self._face.close()
+        self.batched.close()
 
     def __str__(self) -> str:
         return self.metadata["name"]
-
-
-class _TurnRows(NumbaParallelEnv):
-    """The row reading and action encoding of the Parallel face, for a turn-based env's AEC face."""
 
 
 def _spec(env: Any) -> NumbaEnv:

@@ -204,8 +204,8 @@ class Bounds:
             return self
         if device not in self._copies:
             out = object.__new__(Bounds)
-            out.__dict__.update({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()})
-            out._copies = {}
+            moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+            out.__dict__.update(moved, _copies={})  # the copy caches copies of its own
             self._copies[device] = out
         return self._copies[device]
 

@@ -312,7 +312,7 @@ class CellEncoder(nn.Module):
         if self.film is not None and prefix + "table.weight" in state_dict:
             for name in ("weight", "bias"):
                 state_dict.setdefault(f"{prefix}film.{name}", torch.zeros_like(getattr(self.film, name)))
-        super()._load_from_state_dict(state_dict, prefix, *args)
+        super()._load_from_state_dict(state_dict, prefix, *args)  # the hook this method overrides (torch documents it for overriding)
 
     def forward(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         if not self.channels_last:

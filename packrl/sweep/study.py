@@ -176,7 +176,13 @@ def _recorded_summary(recorded: Any) -> str:
     return f"env {recorded.get('env')}, objective {recorded.get('objective')}, budget {recorded.get('budget')}"
 
 
-def fail_cut_trials(study: Any, owner: str, reason: str) -> list[int]:
+def trial_id(storage: Any, study_name: str, number: int) -> int:
+    """The storage's key of trial ``number`` of the study, by Optuna's public storage API (its trial objects
+    keep the key private)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+
+
+def fail_cut_trials(study: Any, storage: Any, owner: str, reason: str) -> list[int]:
     """Mark failed (cut) the running trials this sweep folder left behind (its last sweep was killed) and those
     whose sweep elsewhere stopped sending heartbeats; the numbers marked here."""
     import optuna
@@ -186,8 +192,9 @@ def fail_cut_trials(study: Any, owner: str, reason: str) -> list[int]:
     marked = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.system_attrs.get(OWNER) == owner:
-            study._storage.set_trial_user_attr(t._trial_id, "failure", CUT)
-            study._storage.set_trial_user_attr(t._trial_id, "cut", reason)
+            key = trial_id(storage, study.study_name, t.number)
+            storage.set_trial_user_attr(key, "failure", CUT)
+            storage.set_trial_user_attr(key, "cut", reason)
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             marked.append(t.number)
     return marked
@@ -226,7 +233,8 @@ class Sweep:
         quiet_optuna()
         storage = open_storage(self.url, heartbeat=True)
         study = open_study(self.options, storage)
-        cut = fail_cut_trials(study, self.owner, "its sweep was killed")
+        self.storage = storage
+        cut = fail_cut_trials(study, storage, self.owner, "its sweep was killed")
         if cut:
             self.console.print(f"marked failed (cut mid-way by a killed sweep): trial {', '.join(map(str, cut))}",
                                highlight=False)
@@ -292,9 +300,10 @@ class Sweep:
         from packrl import config as config_settings
 
         trial = study.ask()
-        study._storage.set_trial_system_attr(trial._trial_id, OWNER, self.owner)
-        study._storage.record_heartbeat(trial._trial_id)
-        number = trial.number
+        number, storage = trial.number, self.storage
+        key = trial_id(storage, self.options.study, number)
+        storage.set_trial_system_attr(key, OWNER, self.owner)
+        storage.record_heartbeat(key)
         earlier = [t for t in study.get_trials(deepcopy=False) if t.number < number]
         if sum(counts(earlier)) >= self.options.trials:  # another sweep of the study asked at the same moment
             trial.set_user_attr("failure", SURPLUS)
@@ -310,7 +319,7 @@ class Sweep:
             trial.set_user_attr("failure", f"error: {err}")
             study.tell(trial, state=TrialState.FAIL)
             return
-        spec = {"study": self.options.study, "trial_id": trial._trial_id, "number": number,
+        spec = {"study": self.options.study, "trial_id": key, "number": number,
                 "pruner": self.options.pruner, "objective": self.options.objective.kind,
                 "budget": self.options.budget, "threshold": self.options.objective.threshold,
                 "config": trial_config, "folder": str(folder), "parent": os.getpid()}
@@ -320,7 +329,7 @@ class Sweep:
         process = subprocess.Popen([sys.executable, "-m", "packrl.sweep.trial", json.dumps(spec)],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    env=child_environment(self.url), start_new_session=True)
-        self.running[number] = Running(number, trial._trial_id, process, folder, time.monotonic(), log)
+        self.running[number] = Running(number, key, process, folder, time.monotonic(), log)
 
     def _reap(self, study: Any) -> None:
         """End the trials whose process exited; one that did not tell Optuna its end was cut: failed."""
@@ -332,18 +341,18 @@ class Sweep:
                 continue
             r.log.close()
             del self.running[number]
-            state = study._storage.get_trial(r.trial_id).state
+            state = self.storage.get_trial(r.trial_id).state
             if state != TrialState.RUNNING:
                 continue
             if code > 0 and code not in (EXIT_SIGINT, EXIT_SIGTERM):  # the trial crashed: a failure that counts
                 failure = f"error: exit status {code} (its output: {r.folder.name}.log)"
-                study._storage.set_trial_user_attr(r.trial_id, "failure", failure)
+                self.storage.set_trial_user_attr(r.trial_id, "failure", failure)
             else:  # killed, or stopped by a signal: cut, and run again in its place
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
                 if code in (EXIT_SIGTERM, -signal.SIGTERM) and self.stopping is not None:
                     how = f"stopped by the sweep's {signal.Signals(self.stopping).name}"
-                study._storage.set_trial_user_attr(r.trial_id, "failure", CUT)
-                study._storage.set_trial_user_attr(r.trial_id, "cut", how)
+                self.storage.set_trial_user_attr(r.trial_id, "failure", CUT)
+                self.storage.set_trial_user_attr(r.trial_id, "cut", how)
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
 
 

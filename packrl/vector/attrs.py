@@ -121,7 +121,7 @@ def checked(results: list) -> tuple:
 
 class EnvAttributes:
     """gymnasium's ``call``/``get_attr``/``set_attr``/``render`` for a vector env whose backend
-    implements ``_call_envs(request) -> list`` (one result per env, in env order)."""
+    implements ``call_envs(request) -> list`` (one result per env, in env order)."""
 
     num_envs: int
 
@@ -131,7 +131,7 @@ class EnvAttributes:
         if name in REFUSED:
             raise UsageError(f"call({name!r}) would reach the envs behind the vector env's back (its arrays and "
                              "episode flags); use the vector env's own reset/step/close")
-        return checked(self._call_envs(Request(_name(name), args, kwargs)))
+        return checked(self.call_envs(Request(_name(name), args, kwargs)))
 
     def get_attr(self, name: str) -> tuple:
         """Attribute ``name`` of every env (as gymnasium's ``get_attr``, a method is called)."""
@@ -145,13 +145,15 @@ class EnvAttributes:
         if len(values) != self.num_envs:
             raise UsageError(f"set_attr({name!r}, values): {len(values)} values for {self.num_envs} envs; pass "
                              "one value per env, or a single value (not a list or tuple) for all of them")
-        checked(self._call_envs(Request(_name(name), call=False, values=tuple(values))))
+        checked(self.call_envs(Request(_name(name), call=False, values=tuple(values))))
 
     def render(self) -> tuple:
         """Every env's ``render()`` (their ``render_mode`` is set where they are made)."""
-        return checked(self._call_envs(Request("render")))
+        return checked(self.call_envs(Request("render")))
 
-    def _call_envs(self, request: Request) -> list:
+    def call_envs(self, request: Request) -> list:
+        """The backend's one route into its envs (the compat layers use it too): ``request`` run on every env, one
+        result or ``EnvFailure`` per env, in env order."""
         raise UsageError(f"{type(self).__name__} cannot run calls on its envs")
 
     @staticmethod

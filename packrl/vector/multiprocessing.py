@@ -273,7 +273,7 @@ class Multiprocessing(WorkerBackend):
     def shared_names(self) -> list[str]:
         """Names this env created in /dev/shm (the segment, and semaphores under spawn/forkserver);
         all are removed by the time ``close`` returns (the segment right after start-up)."""
-        sems = [s._semlock.name for s in [self._done, *self._wake] if s is not None and s._semlock.name]
+        sems = [name for name in map(_semaphore_name, [self._done, *self._wake]) if name]
         return [self._segment_name] + ["sem." + n.lstrip("/") for n in sems]
 
     def async_reset(self, seed: int | None = None) -> None:
@@ -340,7 +340,7 @@ class Multiprocessing(WorkerBackend):
         if self._runner is not None:  # the workers step theirs meanwhile
             self._main_infos = self._run_main(self._runner.step)
 
-    def _call_envs(self, request: Request) -> list:
+    def call_envs(self, request: Request) -> list:
         """Run ``request`` on every env: the workers' blocks, then the main process's own envs."""
         self._check_usable()
         self._check_idle(self._in_flight)
@@ -705,3 +705,11 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+
+
+def _semaphore_name(semaphore: Any) -> str | None:
+    """The /dev/shm name of a multiprocessing semaphore (None for none, or one without a name): multiprocessing
+    exposes it only on the private ``_semlock``, and ``shared_names`` must list what ``close`` removes."""
+    if semaphore is None:
+        return None
+    return semaphore._semlock.name or None  # noqa: SLF001 - no public accessor for the name (CPython 3.8-3.13)

@@ -32,7 +32,15 @@ from packrl.errors import EnvError, UsageError
 from packrl.vector.attrs import Request, run_block_pickled
 from packrl.vector.base import Batch, WorkerBackend, check_step_timeout, plan_buffers
 from packrl.vector.multiprocessing import unpicklable_info
-from packrl.vector.runner import EnvRunner, EnvSpec, build_env, close_envs, raise_close_errors, raised_name
+from packrl.vector.runner import (
+    EnvRunner,
+    EnvSpec,
+    build_env,
+    close_envs,
+    raise_close_errors,
+    raised_name,
+    seeds_per_env,
+)
 from packrl.vector.serial import _check_batch
 
 START_TIMEOUT_S = 300.0  # actors wait for free cluster resources, then build their envs
@@ -118,7 +126,7 @@ class RayWorker:
             text, exception = traceback.format_exc(), raised_name()
             self.close()
             return Failure(self.first + k, text, exception)
-        self.copies = EnvRunner._copies(self.envs[0])
+        self.copies = seeds_per_env(self.envs[0])
         self.actions = [name for name in self.arrays if name.startswith("actions")]
         final = self.arrays["final_observations"]
         self.final_bytes = final.view(np.uint8).reshape(len(final), -1)
@@ -332,7 +340,7 @@ class RayVectorEnv(WorkerBackend):
             self._resetting.discard(w)
         self._last = None
 
-    def _call_envs(self, request: Request) -> list:
+    def call_envs(self, request: Request) -> list:
         self._check_usable()
         self._check_idle(self._in_flight)
         per = self.envs_per_worker

@@ -112,7 +112,7 @@ class EnvRunner:
             if mask is not None and not mask[index]:
                 continue
             self.current = k
-            env_seed = None if seed is None else seed + index * self._copies(env)
+            env_seed = None if seed is None else seed + index * seeds_per_env(env)
             _, info = env.reset(seed=env_seed)
             if self.ended is not None:
                 self.ended[index] = False
@@ -135,7 +135,7 @@ class EnvRunner:
             env = envs[k]
             info = env.step(actions[k])[4]
             if not self.autoreset and env.done:
-                info = self._reset_after_end(env, info)
+                info = reset_after_end(env, info)
             if info:
                 infos.append((self.first + k, info))
         return infos
@@ -169,24 +169,9 @@ class EnvRunner:
                 infos.append((index, info))
         return infos
 
-    @staticmethod
-    def _reset_after_end(env: Any, info: dict) -> dict:
-        """Same-step autoreset: the next episode's first observation, this step's rewards and flags."""
-        kept = env.rewards.copy(), env.terminals.copy(), env.truncations.copy()
-        _, reset_info = env.reset()
-        env.rewards[:], env.terminals[:], env.truncations[:] = kept
-        if reset_info:
-            info = {**info, "reset_info": reset_info}
-        return info
-
     def failure(self) -> EnvFailure:
         """Call inside ``except``: the failing env's global index and the traceback."""
         return EnvFailure(self.first + self.current, traceback.format_exc(), raised_name())
-
-    @staticmethod
-    def _copies(env: Any) -> int:
-        """Seeds an env consumes: batched envs seed copy j with seed + j."""
-        return int(getattr(env, "num_envs", env.num_agents)) if getattr(env, "autoreset", False) else 1
 
     def close(self) -> None:
         """Close every env; if some env's own ``close`` raised, say which after closing the rest."""
@@ -242,5 +227,20 @@ class _Block:
             raise
         for k in ended:
             runner.current = lo + int(k)
-            infos[k] = runner._reset_after_end(runner.envs[lo + k], infos[k])
+            infos[k] = reset_after_end(runner.envs[lo + k], infos[k])
         return [(runner.first + lo + k, info) for k, info in enumerate(infos) if info]
+
+
+def reset_after_end(env: Any, info: dict) -> dict:
+    """Same-step autoreset: the next episode's first observation, this step's rewards and flags."""
+    kept = env.rewards.copy(), env.terminals.copy(), env.truncations.copy()
+    _, reset_info = env.reset()
+    env.rewards[:], env.terminals[:], env.truncations[:] = kept
+    if reset_info:
+        info = {**info, "reset_info": reset_info}
+    return info
+
+
+def seeds_per_env(env: Any) -> int:
+    """Seeds an env consumes: batched envs seed copy j with seed + j."""
+    return int(getattr(env, "num_envs", env.num_agents)) if getattr(env, "autoreset", False) else 1

@@ -139,7 +139,7 @@ class Serial(VectorEnv):
             self._broken_fields = {"env_index": index}
             raise
 
-    def _call_envs(self, request: Request) -> list:
+    def call_envs(self, request: Request) -> list:
         self._check_usable()
         return run_block(self.envs, 0, request)
 
