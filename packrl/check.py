@@ -25,9 +25,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from packrl.emulation.layout import Leaf
 from packrl.emulation.values import format_path
+from packrl.models.distributions import ActionSpec
 
 CHECKS = (
     "observation buffer shape and dtype",
@@ -261,8 +265,6 @@ def _check_step(rewards: np.ndarray, terminals: np.ndarray, truncations: np.ndar
 
 def _check_outputs(vecenv: Any, policy: Any, logits: torch.Tensor, values: torch.Tensor, report: Report) -> bool:
     """Logits as wide as the env's action layout asks (not what the policy's own head says), one value per row."""
-    from packrl.models.distributions import ActionSpec
-
     n = vecenv.num_agents
     width = ActionSpec(vecenv.emulated.action).logits_size
     problems = []
@@ -431,10 +433,6 @@ def _describe(err: Exception) -> str:
 
 def print_report(report: Report, title: str = "packrl check") -> None:
     """The report as a table; every value is escaped, so text such as ``[nan nan]`` prints as it is."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     table = Table(title=escape(title))
     table.add_column("check")
     table.add_column("result")

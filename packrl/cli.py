@@ -22,9 +22,12 @@ import packrl.commands.configs
 import packrl.commands.evaluate
 import packrl.commands.inspect
 import packrl.commands.train  # noqa: F401 - loads commands.train, which main() reads
-from packrl import __version__, commands
+from packrl import __version__, commands, presets
+from packrl import config as config_settings
+from packrl.commands import plot, sweep
 from packrl.commands.arguments import SHORTCUTS, description
 from packrl.errors import PackrlError
+from packrl.run_folders import printable
 
 if TYPE_CHECKING:  # imported where used: `packrl --help` starts without them
     from packrl.config import Setting
@@ -76,9 +79,6 @@ def suggest(flag: str, flags: list[str]) -> list[str]:
 
 
 def build_parser() -> Parser:
-    from packrl import config as config_settings
-    from packrl import presets
-
     parser = Parser(prog="packrl", description=description(__doc__), allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"packrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -205,8 +205,6 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def config_from_args(args: argparse.Namespace) -> tuple[dict, object]:
     """The checked config of a train/check command line and the preset it used: defaults < preset < file < flags."""
-    from packrl import config as config_settings
-
     settings = config_settings.settings()
     flags: dict[str, dict] = {}
     given = [(settings[SHORTCUTS[d[6:]]], f"--{d[6:].replace('_', '-')}", text) for d, text in vars(args).items()
@@ -240,8 +238,6 @@ def top_level(argv: list[str]) -> int | None:
     subcommands' parsers: instant. None for every other command line."""
     if argv[:1] and not argv[0].startswith("-") and argv[0] not in COMMAND_HELP:
         close = difflib.get_close_matches(argv[0], list(COMMAND_HELP), n=1, cutoff=0.5)
-        from packrl.run_folders import printable
-
         print(f"packrl: error: unknown command {printable(argv[0])!r}" + (f" (did you mean {close[0]}?)" if close else "")
               + f"; the commands: {', '.join(COMMAND_HELP)} (see packrl --help)", file=sys.stderr)
         return 2
@@ -273,12 +269,8 @@ def _main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["inspect"]:  # before build_parser, which imports torch
         return commands.inspect.main((sys.argv[1:] if argv is None else list(argv))[1:])
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["sweep"]:  # its own parser (packrl.commands.sweep)
-        from packrl.commands import sweep
-
         return sweep.main((sys.argv[1:] if argv is None else list(argv))[1:])
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["plot"]:  # likewise without torch
-        from packrl.commands import plot
-
         return plot.main((sys.argv[1:] if argv is None else list(argv))[1:])
     quick = top_level(list(sys.argv[1:] if argv is None else argv))
     if quick is not None:

@@ -10,7 +10,9 @@ below, and ``train`` is ``total_steps`` plus every field of ``packrl.hyperparame
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import functools
 import math
 import re
@@ -18,7 +20,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
+from packrl import presets
 from packrl.errors import ConfigError
+from packrl.hyperparameters import PPOConfig
 
 SECTIONS = ("env", "vec", "policy", "train")
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
@@ -411,8 +415,6 @@ def _dataclass_settings(section: str, cls: type, overrides: dict[str, tuple[str,
 @functools.lru_cache(maxsize=1)
 def settings() -> dict[str, Setting]:
     """Every setting by key (``"train.gamma"``), in section order."""
-    from packrl.hyperparameters import PPOConfig
-
     out: list[Setting] = []
     out += _dataclass_settings("env", EnvConfig)
     out += _dataclass_settings("vec", VecConfig)
@@ -468,16 +470,12 @@ def check_layer(layer: dict, source: str | None = None) -> dict[str, dict]:
 
 
 def _did_you_mean(word: str, candidates: Any, prefix: str = "") -> str:
-    import difflib
-
     close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.6)
     return f" (did you mean {', '.join(prefix + c for c in close)}?)" if close else ""
 
 
 def merge(*layers: dict) -> dict[str, dict]:
     """``defaults()`` updated by each checked layer in turn."""
-    import copy
-
     config = copy.deepcopy(defaults())
     for layer in layers:
         for section, values in check_layer(layer).items():
@@ -521,8 +519,6 @@ def _ppo_default(name: str) -> Any:
 def resolve(file_layer: dict | None = None, flags: dict | None = None, preset: str = "auto") -> tuple[dict, Any]:
     """The config of a run and the preset it used: ``defaults < preset < file < flags``. The preset is
     ``preset`` by name, ``none``, or (``auto``) the one of the env id's family (``packrl.presets``)."""
-    from packrl import presets
-
     layers = [layer for layer in (file_layer, flags) if layer]
     env_id = defaults()["env"]["id"]
     for layer in layers:

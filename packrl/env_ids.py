@@ -26,6 +26,7 @@ import pkgutil
 import sys
 from typing import Any, Callable
 
+from packrl import envs as packrl_envs
 from packrl.errors import ConfigError
 
 # id prefix -> (module that registers the ids, pip package)
@@ -111,8 +112,6 @@ def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
     if not isinstance(env_id, str) or not env_id.strip():
         raise ConfigError(f"env id must be a non-empty string, got {env_id!r}")
     kwargs = dict(kwargs or {})
-    from packrl import envs as packrl_envs
-
     if env_id in packrl_envs.names():
         if kwargs:
             raise ConfigError(f"packrl env {env_id!r} takes no env.kwargs (got {sorted(kwargs)})")
@@ -226,8 +225,6 @@ def _registered_ids(namespaces: bool = True) -> list[str]:
     """Gymnasium's registered ids, those of the known namespaces that are installed (``namespaces``), and packrl's
     envs."""
     import gymnasium
-
-    from packrl import envs as packrl_envs
 
     for module in SUGGEST_FROM if namespaces else ():
         try:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from packrl.checkpoint import CheckpointError, loads_bounded
 from packrl.run_folders import open_append, write_file
 
 
@@ -39,8 +40,6 @@ def read_history_rows(path: Path, max_bytes: int = MAX_HISTORY_BYTES) -> History
     ``max_bytes`` of the file are ever held. A line that is not a JSON object of bounded size and depth (a
     file edited or truncated by a crash) ends the reading: it and the lines after it are left out, and
     ``stopped`` says which line and why. The strings "nan", "inf" and "-inf" read back as floats."""
-    from packrl.checkpoint import CheckpointError, loads_bounded
-
     if not path.is_file():
         return HistoryRead([])
     rows: list[dict] = []

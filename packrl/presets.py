@@ -11,6 +11,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from packrl.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -232,8 +234,6 @@ def names() -> list[str]:
 
 def get(name: str) -> Preset:
     """The preset called ``name``; ConfigError (with the names) when there is none."""
-    from packrl.errors import ConfigError
-
     for preset in PRESETS:
         if preset.name == name:
             return preset

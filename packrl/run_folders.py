@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+from packrl.checkpoint import CheckpointError, read_metadata, verify
 from packrl.errors import PackrlError
 from packrl.printing import shown
 
@@ -198,8 +199,6 @@ def find_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, Pat
 def newest_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, Path | None, list[str]]:
     """As ``find_checkpoint``, and the checkpoints of a run folder passed over: ``"NAME (why)"`` for each one
     newer than the chosen one (or of unknown step) whose metadata, hashes or header do not check out."""
-    from packrl.checkpoint import CheckpointError, read_metadata, verify
-
     path = Path(path)
     if not path.exists():
         raise RunError(f"{what} {path}: no such run or checkpoint folder")

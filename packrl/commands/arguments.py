@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 SHORTCUTS = {  # flag -> the setting it sets (packrl.cli adds the flags; train reads which were given)
     "total_steps": "train.total_steps", "seed": "train.seed", "device": "train.device",
@@ -46,8 +47,6 @@ def apply_torch_threads(threads: int | None) -> None:
     16.0-17.1 s on one thread and 14.4-41.7 s on two (interleaved rounds), and 170 s on two beside one busy
     process; an eval took 1,067 s with torch's default threads and 56 s on one (issue 41): torch's threads wait
     for each other."""
-    import os
-
     import torch
 
     if threads is None and os.environ.get("OMP_NUM_THREADS"):

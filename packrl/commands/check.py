@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from packrl.commands.arguments import positive_int
+from packrl.commands.arguments import apply_torch_threads, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,6 @@ def run(args: argparse.Namespace, config: dict) -> int:
 
 def check_command(config: dict, steps: int) -> int:
     from packrl.check import check_env, print_report
-    from packrl.commands.arguments import apply_torch_threads
     from packrl.train.run import make_policy, make_vecenv
 
     apply_torch_threads(None)  # one thread, as packrl train and eval

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from packrl import presets
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="print this preset as a TOML config file")
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrl import presets
-
     if args.name:
         print(presets.get(args.name).to_toml(), end="")
         return 0

@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+from packrl.checkpoint import CheckpointError, verify
 from packrl.commands.arguments import apply_torch_threads, non_negative_int, positive_float, positive_int
+from packrl.config import parse_toml_value
+from packrl.errors import ConfigError, EnvError
 from packrl.printing import shown
+from packrl.run_folders import checkpoint_in, printable
 
 MODES = {"sampled": False, "greedy": True}  # mode -> deterministic
 VIDEO_SUFFIXES = (".gif",)
@@ -59,8 +63,6 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     side; returns 0, or 1 when an episode cannot be scored (a non-finite reward, an episode that never ends).
     Results go to stdout; on a terminal, a line at start and one per batch of episodes to stderr. Like
     ``packrl train``, torch runs on one CPU thread unless OMP_NUM_THREADS says otherwise."""
-    from packrl.run_folders import checkpoint_in, printable
-
     _check_exists(checkpoint)  # before torch: a mistyped path is refused at once
     given = checkpoint
     found, skipped = checkpoint_in(checkpoint)
@@ -71,8 +73,6 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     from rich.markup import escape
     from rich.table import Table
 
-    from packrl.checkpoint import verify
-    from packrl.errors import EnvError
     from packrl.train.evaluate import EvaluationError, evaluate_episodes
     from packrl.train.run import load_policy
 
@@ -153,8 +153,6 @@ def write_video(verified: object, policy: object, out: str, *, mode: str, seed: 
     ``render_modes`` or renders no frame is one ConfigError naming it."""
     import imageio.v3 as iio
 
-    from packrl.checkpoint import CheckpointError
-    from packrl.errors import EnvError
     from packrl.train.evaluate import EvaluationError, record_frames
     from packrl.train.run import ConfigError, checkpoint_vecenv
 
@@ -272,8 +270,6 @@ def _plural(count: int, noun: str) -> str:
 def _check_exists(path: str) -> None:
     """A CHECKPOINT that names nothing is one line saying so, before torch is imported (not a complaint about
     what a folder lacks)."""
-    from packrl.errors import ConfigError
-
     if not Path(path).exists():
         raise ConfigError(f"checkpoint {shown(path)}: no such folder")
     if not Path(path).is_dir():
@@ -283,8 +279,6 @@ def _check_exists(path: str) -> None:
 def _kwargs_table(text: str) -> dict:
     """``--env-kwargs``: a TOML inline table, as ``train --env.kwargs`` takes it; a JSON object is read too
     (the form this flag took before)."""
-    from packrl.config import parse_toml_value
-
     value = parse_toml_value(text)  # the text itself when it is no TOML value
     if isinstance(value, str):
         try:

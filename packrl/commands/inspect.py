@@ -16,8 +16,11 @@ import json
 import sys
 from typing import Any
 
+from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, leaf_name, read_header, read_metadata, verify
+from packrl.commands.arguments import description
+from packrl.errors import PackrlError
 from packrl.printing import strict_json
-from packrl.run_folders import printable
+from packrl.run_folders import checkpoint_in, printable
 
 SUMMARY_FIELDS = ("format", "env_id", "seed", "global_step", "iteration", "created", "sha256", "weights_sha256")
 FIELD_CHARS = 400
@@ -41,13 +44,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``packrl inspect`` on its own parser: the ``packrl`` command dispatches here before it builds its
     full parser (which imports torch)."""
-    from packrl.commands.arguments import description
-
     parser = _Parser(prog="packrl inspect", description=description(__doc__), allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from packrl.errors import PackrlError
-
     try:
         return run(args)
     except PackrlError as err:
@@ -63,9 +62,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def inspect_command(checkpoint: str, as_json: bool = False, full: bool = False) -> int:
-    from packrl.checkpoint import WEIGHTS, CheckpointError, checkpoint_folder, read_header, read_metadata, verify
-    from packrl.run_folders import checkpoint_in
-
     given = checkpoint
     found, skipped = checkpoint_in(checkpoint)
     checkpoint = str(found)
@@ -152,8 +148,6 @@ def _print(checkpoint: str, metadata: dict, tensors: dict, problem: str | None, 
 
 def _layout_table(name: str, layout: Any, escape: Any, full: bool = False) -> Any:
     from rich.table import Table
-
-    from packrl.checkpoint import leaf_name
 
     leaves = layout.get("leaves", []) if isinstance(layout, dict) else []
     leaves = leaves if isinstance(leaves, list) else []

@@ -8,7 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from packrl.commands.arguments import description
+from packrl.errors import PackrlError
+from packrl.history import read_history_rows
 from packrl.printing import shown
+from packrl.run_folders import error_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``packrl plot`` on its own parser: the ``packrl`` command dispatches here before it builds its full
     parser (which imports torch)."""
-    from packrl.commands.arguments import description
-
     parser = _Parser(prog="packrl plot", description=description(__doc__), allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -29,9 +31,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_command(run: str, out: str | None = None, title: str | None = None) -> int:
-    from packrl.errors import PackrlError
-    from packrl.history import read_history_rows
-    from packrl.run_folders import error_line
     from packrl.train.plot import INSTALL, left_out, matplotlib_available, plot_learning_curve
 
     folder = Path(run)

@@ -7,11 +7,20 @@ stopped by SIGINT/SIGTERM (rerun to continue)."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
 
+from packrl import config as config_settings
 from packrl.commands.arguments import description, non_negative_int, positive_int
+from packrl.env_ids import env_creator
+from packrl.errors import PackrlError
+from packrl.run_folders import error_line, printable
+from packrl.sweep.objective import parse_objective
+from packrl.sweep.space import load_space
+from packrl.sweep.storage import masked, open_storage, password, scrub, sqlite_url
+from packrl.sweep.study import PRUNERS, SAMPLERS, SweepError, SweepOptions
 
 SUBCOMMANDS = ("show", "dashboard")
 
@@ -22,8 +31,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def sweep_parser() -> _Parser:
-    from packrl.sweep.study import PRUNERS, SAMPLERS
-
     parser = _Parser(prog="packrl sweep", description=description(__doc__), allow_abbrev=False,
                      epilog="packrl sweep show SWEEP: results and plots; packrl sweep dashboard SWEEP: optuna-dashboard")
     parser.add_argument("env", metavar="ENV", help="the env id, as packrl train takes it")
@@ -78,18 +85,12 @@ def main(argv: list[str]) -> int:
 
 
 def _fail(message: str) -> int:
-    from packrl.run_folders import printable
-
     print(printable(f"packrl sweep: {message}"), file=sys.stderr)
     return 2
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from packrl.errors import PackrlError
-    from packrl.run_folders import error_line
-    from packrl.sweep.storage import scrub
 
     try:
         options = sweep_options(args)
@@ -102,12 +103,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def sweep_options(args: argparse.Namespace) -> object:
     """The checked options of a sweep command line; PackrlError (one line) for bad input."""
-    from packrl import config as config_settings
-    from packrl.env_ids import env_creator
-    from packrl.sweep.objective import parse_objective
-    from packrl.sweep.space import load_space
-    from packrl.sweep.study import SweepError, SweepOptions
-
     objective = parse_objective(args.objective, args.budget)
     space = load_space(args.space)
     study = args.study or re.sub(r"[^A-Za-z0-9_.-]+", "-", args.env).strip("-.") or "sweep"
@@ -125,8 +120,6 @@ def sweep_options(args: argparse.Namespace) -> object:
         raise SweepError(f"--budget {args.budget:,} is smaller than one iteration: vec.num_envs {base['vec']['num_envs']} "
                          f"x train.num_steps up to {int(largest)} = {iteration:,} agent steps")
     if args.storage is not None:
-        from packrl.sweep.storage import masked, open_storage
-
         if "://" not in args.storage:
             raise SweepError(f"--storage {masked(args.storage)}: expected a database URL "
                              "(postgresql://user:password@host/db, sqlite:///path)")
@@ -138,21 +131,13 @@ def sweep_options(args: argparse.Namespace) -> object:
 
 def _results(name: str, args: argparse.Namespace) -> int:
     """``show`` or ``dashboard`` of a sweep folder."""
-    import json
-
     from rich.console import Console
-
-    from packrl.errors import PackrlError
-    from packrl.run_folders import error_line
-    from packrl.sweep.storage import masked, open_storage, password, scrub
 
     folder = Path(args.sweep)
     try:
         record = json.loads((folder / "sweep.json").read_text())
     except (OSError, ValueError):
         return _fail(f"{folder}: no sweep.json in it (give a folder that packrl sweep wrote)")
-    from packrl.sweep.storage import sqlite_url
-
     url = args.storage or (sqlite_url(folder) if record.get("storage_is_default") else record.get("storage", ""))
     if args.storage is None and not record.get("storage_is_default"):
         if password(url) == "***":

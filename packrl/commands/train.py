@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from packrl.commands.arguments import (
+    SHORTCUTS,
     apply_torch_threads,
     non_negative_float,
     non_negative_int,
@@ -129,8 +130,6 @@ RESUME_CHANGEABLE = {"train.total_steps", "train.device"}
 
 def _given_settings(args: argparse.Namespace) -> set[str]:
     """The settings (``section.key``) given on the command line, by their own flag or a shortcut."""
-    from packrl.commands.arguments import SHORTCUTS
-
     given = set()
     for dest, value in vars(args).items():
         if value is not None and dest.startswith("cfg:"):

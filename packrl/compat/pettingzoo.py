@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from pettingzoo.utils.conversions import parallel_to_aec
 from pettingzoo.utils.env import ParallelEnv
 
+from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
 from packrl.emulation.values import short
 from packrl.errors import UsageError
 
@@ -45,8 +47,6 @@ def as_pettingzoo(env: Any, api: str = "parallel") -> Any:
     parallel = PackedParallelEnv(env)
     if api == "parallel":
         return parallel
-    from pettingzoo.utils.conversions import parallel_to_aec
-
     return parallel_to_aec(parallel)
 
 
@@ -122,8 +122,6 @@ def _info(infos: Any, agent: Any) -> dict:
 
 
 def _check_emulated(env: Any) -> None:
-    from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
-
     if isinstance(env, ParallelEmulation):
         return
     what = f"{type(env).__module__}.{type(env).__name__}"

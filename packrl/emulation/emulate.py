@@ -5,6 +5,9 @@ from typing import Any
 
 import gymnasium
 
+from packrl.emulation.gymnasium_env import GymnasiumEmulation
+from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
+from packrl.emulation.tuple_agents import TupleAgents
 from packrl.errors import EmulationError
 
 AGENTS_OPTIONS = (None, "tuple")
@@ -25,12 +28,7 @@ def emulate(env: Any, round_floats: bool = False, action_mask_key: str | None = 
     multi = {"round_floats": round_floats, "action_mask_key": action_mask_key, "finite_rewards": finite_rewards}
     if isinstance(env, gymnasium.Env):
         if agents == "tuple":
-            from packrl.emulation.pettingzoo_env import ParallelEmulation
-            from packrl.emulation.tuple_agents import TupleAgents
-
             return ParallelEmulation(TupleAgents(env), **multi)
-        from packrl.emulation.gymnasium_env import GymnasiumEmulation
-
         return GymnasiumEmulation(env, round_floats=round_floats, finite_rewards=finite_rewards)
     if agents is not None:
         raise EmulationError(f"agents={agents!r} applies to a gymnasium.Env; a PettingZoo env names its agents itself")
@@ -38,8 +36,6 @@ def emulate(env: Any, round_floats: bool = False, action_mask_key: str | None = 
         from pettingzoo.utils.env import AECEnv, ParallelEnv
     except ImportError:  # the [pettingzoo] extra is not installed: no env here is a PettingZoo env
         AECEnv = ParallelEnv = ()
-    from packrl.emulation.pettingzoo_env import AECEmulation, ParallelEmulation
-
     if isinstance(env, ParallelEnv):
         return ParallelEmulation(env, **multi)
     if isinstance(env, AECEnv):

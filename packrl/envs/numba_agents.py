@@ -40,6 +40,7 @@ from gymnasium.vector.utils import batch_space
 from packrl._codegen import Code
 from packrl.emulation.emulated import group_agents
 from packrl.emulation.rows import row_format
+from packrl.env_protocol import Batch
 from packrl.envs.numba_env import _HEADER as _SINGLE_HEADER
 from packrl.envs.numba_env import BatchedNumbaEnv, KernelSource, NumbaEnv, _as_shape, leaf_problem, with_time_limit
 from packrl.envs.rng import RNG_WORDS
@@ -264,8 +265,6 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
 
     def recv(self) -> Any:
         """The last reset or step as a batch of every copy (one infos dict per copy)."""
-        from packrl.env_protocol import Batch
-
         self._check_open()
         return Batch(self.observations, self.rewards, self.terminals, self.truncations,
                      [{} for _ in range(self.num_envs)], np.arange(self.num_envs), self.masks, self.final_observations)

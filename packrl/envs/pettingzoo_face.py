@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from pettingzoo.utils.conversions import parallel_to_aec
 from pettingzoo.utils.env import AECEnv, ParallelEnv
 
+from packrl.envs import batched, spec
 from packrl.envs.numba_env import NumbaEnv
 from packrl.errors import EmulationError, UsageError
 
@@ -30,8 +32,6 @@ class OneCopy:
     PettingZoo faces hold one."""
 
     def __init__(self, spec: NumbaEnv, seed: int, **kwargs: Any):
-        from packrl.envs import batched
-
         self.numba_env = spec
         self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
         self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
@@ -212,8 +212,6 @@ def _spec(env: Any) -> NumbaEnv:
     if isinstance(env, NumbaEnv):
         return env
     if isinstance(env, str):
-        from packrl.envs import spec
-
         return spec(env)
     raise UsageError(f"a PettingZoo face takes a NumbaEnv or a registered env name, got {type(env).__name__}")
 
@@ -226,8 +224,6 @@ def parallel_env(env: Any, seed: int = 0, **kwargs: Any) -> NumbaParallelEnv:
 def aec_env(env: Any, seed: int = 0, **kwargs: Any) -> Any:
     """One copy of a Numba env as a PettingZoo AECEnv: NumbaAECEnv for a turn-based env, else PettingZoo's
     ``parallel_to_aec`` of the Parallel form."""
-    from pettingzoo.utils.conversions import parallel_to_aec
-
     if _spec(env).turns:
         return NumbaAECEnv(env, seed=seed, **kwargs)
     return parallel_to_aec(NumbaParallelEnv(env, seed=seed, **kwargs))

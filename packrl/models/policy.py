@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from gymnasium import spaces
 from torch import nn
 
@@ -241,8 +242,6 @@ class Policy(nn.Module):
         buffers stay identical."""
         encoder = self.encoder
         if getattr(encoder, "normalize", False) and encoder.flat_size:
-            import torch.distributed as dist
-
             for buffer in (encoder.obs_mean, encoder.obs_var):
                 dist.all_reduce(buffer)
                 buffer.div_(world)

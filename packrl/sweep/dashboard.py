@@ -1,14 +1,13 @@
 """``packrl sweep dashboard SWEEP``: optuna-dashboard serving the sweep's study, on localhost by default."""
 from __future__ import annotations
 
+import signal
+import sys
 from typing import Any
 
 
 def serve(storage: Any, host: str, port: int, study: str) -> int:
     """Serve optuna-dashboard until Ctrl-C or SIGTERM; the exit code."""
-    import signal
-    import sys
-
     from optuna_dashboard import run_server
 
     def stop(signum: int, frame: Any) -> None:

@@ -3,20 +3,20 @@
 settings as a config file that ``packrl train --config best.toml`` trains with as they are."""
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 from packrl.presets import _toml
-from packrl.sweep.space import Space
+from packrl.sweep.space import Dimension, Space
 
 PLOTS = ("optimization_history", "param_importances", "slice")
 
 
 def study_space(study: Any) -> Space:
     """The space a study recorded (``packrl.sweep.study.identity``)."""
-    from packrl.sweep.space import Dimension
-
     recorded = study.user_attrs["packrl"]["space"]
     dims = tuple(Dimension(d["key"], choices=tuple(d["choices"])) if "choices" in d else
                  Dimension(d["key"], d["low"], d["high"], d["scale"], (), d["integer"]) for d in recorded["dimensions"])
@@ -25,8 +25,6 @@ def study_space(study: Any) -> Space:
 
 def trial_config(study: Any, trial: Any, space: Space | None = None) -> dict:
     """The full config a finished trial trained with: the study's base config, its parameters and its seed."""
-    import copy
-
     space = space or study_space(study)
     config = copy.deepcopy(study.user_attrs["packrl"]["fixed_config"])
     for section, values in space.settings_of(trial.params).items():
@@ -129,8 +127,6 @@ def write_plots(study: Any, out: Path, front: list, steps_key: str) -> list[Path
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         for name in PLOTS:

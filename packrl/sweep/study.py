@@ -17,6 +17,7 @@ again.
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -25,13 +26,17 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packrl import config as config_settings
 from packrl.errors import ConfigError
 from packrl.sweep.objective import REPORTS, Objective
+from packrl.sweep.show import write_best
 from packrl.sweep.space import Space
+from packrl.sweep.storage import child_environment, masked, open_storage, sqlite_url
 from packrl.sweep.trials import CUT, OWNER, counts
 
 SAMPLERS = ("tpe", "cmaes", "random")
@@ -86,8 +91,6 @@ def make_pruner(name: str) -> Any:
 
 def quiet_optuna() -> None:
     """No warnings for what the sweep uses on purpose: heartbeats with ask/tell (the sweep records them itself)."""
-    import warnings
-
     from optuna.exceptions import ExperimentalWarning
 
     warnings.filterwarnings("ignore", category=ExperimentalWarning)
@@ -226,7 +229,6 @@ class Sweep:
     def run(self) -> int:
         import optuna
 
-        from packrl.sweep.storage import open_storage
         from packrl.sweep.view import TrialView
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -271,8 +273,6 @@ class Sweep:
                 signal.signal(s, handler)
             for r in self.running.values():  # only on an error of the sweep itself: leave no trial behind
                 r.process.kill()
-        from packrl.sweep.show import write_best
-
         best = write_best(study, self.options.space, self.folder)
         view.summary(study.get_trials(deepcopy=False), best)
         if self.stopping is not None:
@@ -296,8 +296,6 @@ class Sweep:
     def _start(self, study: Any) -> None:
         """Ask for a trial, build its config, start its process."""
         from optuna.trial import TrialState
-
-        from packrl import config as config_settings
 
         trial = study.ask()
         number, storage = trial.number, self.storage
@@ -323,8 +321,6 @@ class Sweep:
                 "pruner": self.options.pruner, "objective": self.options.objective.kind,
                 "budget": self.options.budget, "threshold": self.options.objective.threshold,
                 "config": trial_config, "folder": str(folder), "parent": os.getpid()}
-        from packrl.sweep.storage import child_environment
-
         log = open(self.folder / "trials" / f"{number:04d}.log", "w")
         process = subprocess.Popen([sys.executable, "-m", "packrl.sweep.trial", json.dumps(spec)],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -358,8 +354,6 @@ class Sweep:
 
 def _layers(base: dict, params: dict, seed: int) -> dict:
     """A trial's config: the sweep's resolved base config, its sampled settings and its seed."""
-    import copy
-
     layer = copy.deepcopy(base)
     for section, values in params.items():
         layer.setdefault(section, {}).update(values)
@@ -369,8 +363,6 @@ def _layers(base: dict, params: dict, seed: int) -> dict:
 
 def run_sweep(options: SweepOptions, console: Any) -> int:
     """Run the sweep in its folder (locked while it runs); PackrlError for what stops it before any trial."""
-    from packrl.sweep.storage import masked, sqlite_url
-
     folder = Path(options.out) if options.out else Path("sweeps") / options.study
     if folder.exists() and not folder.is_dir():
         raise SweepError(f"--out {folder}: is not a folder")

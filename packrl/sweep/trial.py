@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packrl.sweep.objective import report_points
+from packrl.errors import PackrlError
+from packrl.sweep.objective import Objective, final_return, report_points, steps_to
+from packrl.sweep.storage import STORAGE_ENV, open_storage
+from packrl.sweep.study import make_pruner
 
 POLL_SECONDS = 0.05
 EXIT_STOPPED = 143
@@ -82,10 +85,6 @@ def run_trial(spec: dict) -> int:
     import torch
     from rich.console import Console
 
-    from packrl.errors import PackrlError
-    from packrl.sweep.objective import Objective
-    from packrl.sweep.storage import STORAGE_ENV, open_storage
-    from packrl.sweep.study import make_pruner
     from packrl.train.session import RunOptions, read_history, train_run
 
     torch.set_num_threads(1)
@@ -118,8 +117,6 @@ def run_trial(spec: dict) -> int:
     rows = read_history(folder / "history.jsonl")
     watcher.rows = rows
     steps = int(rows[-1]["global_step"]) if rows else 0
-    from packrl.sweep.objective import final_return, steps_to
-
     reached = steps_to(rows, objective.threshold) if objective.threshold is not None else None
     attrs = {"wall_seconds": round(wall, 3), "agent_steps": steps, "return": final_return(rows),
              "steps_to": reached, "seed": spec["config"]["train"]["seed"], "folder": str(folder)}

@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.live import Live
 from rich.table import Table
+
+from packrl.sweep.trials import OWNER, counts
 
 SHOWN_TRIALS = 30
 """The live table shows the newest trials and the best ones, at most this many rows."""
@@ -64,8 +67,6 @@ class TrialView:
 
     def __enter__(self) -> TrialView:
         if self.use_live:
-            from rich.live import Live
-
             self.live = Live(Table(), console=self.console, refresh_per_second=2, transient=True)
             self.live.__enter__()
         return self
@@ -78,8 +79,6 @@ class TrialView:
         """Seconds until the study holds ``--trials`` finished trials, from the mean wall time of this sweep's
         finished trials (before there is one, from the running trials' progress)."""
         from optuna.trial import TrialState
-
-        from packrl.sweep.trials import OWNER, counts
 
         options, running = self.sweep.options, self.sweep.running
         walls = [elapsed(t) for t in trials if t.state == TrialState.COMPLETE and t.system_attrs.get(OWNER) == self.sweep.owner]
@@ -100,8 +99,6 @@ class TrialView:
         return (left + to_start * (estimate or 0.0)) / max(options.jobs, 1)
 
     def heading(self, trials: list) -> str:
-        from packrl.sweep.trials import counts
-
         done, active = counts(trials)
         o = self.sweep.options
         return (f"packrl sweep {o.env}: study {o.study}, {done}/{o.trials} finished, {active} running, "

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import gymnasium
+
 from packrl.checkpoint import CheckpointError
-from packrl.config import MAX_HIDDEN
+from packrl.config import MAX_HIDDEN, check_policy, defaults, settings
 from packrl.errors import ConfigError
 
 __all__ = ["MAX_HIDDEN", "checked_config", "checked_distributed", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
@@ -20,8 +22,6 @@ def checked_config(metadata: dict, file: Path) -> dict:
     """The recorded config's env and policy sections, each value checked by its setting (``packrl.config``:
     the one validator of config files, presets, flags and checkpoints; CheckpointError naming the field
     otherwise), defaults filled where training would have filled them."""
-    from packrl.config import check_policy, defaults, settings  # not packrl.train.run's copy: run imports this module
-
     def bad(field: str, why: str) -> CheckpointError:
         return CheckpointError(f"{file}: field 'config.{field}' {why}")
 
@@ -95,8 +95,6 @@ def is_data_env_id(env_id: str) -> bool:
         return False
     if not DATA_ENV_ID.fullmatch(name) or ".." in name or name in SHIM_IDS:
         return False
-    import gymnasium
-
     spec = gymnasium.registry.get(name)
     entry = spec.entry_point if spec is not None else None
     return not (isinstance(entry, str) and entry.split(".")[0] in SHIMS)  # a registered id that is a shim

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from packrl.printing import shown
+from packrl.run_folders import write_file
 
 INSTALL = "pip install 'packrl[plot]'"
 """How a user gets matplotlib, said wherever a curve could not be drawn for want of it."""
@@ -57,8 +58,6 @@ def plot_learning_curve(history: list[dict], path: str | Path, title: str) -> Pa
     import matplotlib.pyplot as plt
 
     fig = _figure(plt, series, wins, title)
-    from packrl.run_folders import write_file
-
     png = io.BytesIO()
     fig.savefig(png, format="png")
     plt.close(fig)

@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from packrl.errors import UsageError
+from packrl.nativize import leaf_views
 from packrl.train import replay_index
+from packrl.train.replay_store import load_buffer, save_buffer
 from packrl.train.sumtree import new_trees
 
 BLOCK_ALIGN = 64  # each array of a sample starts on a cache line of its block
@@ -243,8 +246,6 @@ class ReplayBuffer:
         flat, rows = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
         replay_index.draw(self.rng.random(batch_size), self.starts, held, self.sums, flat, rows, self.num_rows)
         if device is not None:
-            import torch
-
             device = torch.device(device)
         host = self._host_buffers(batch_size, device is not None and device.type == "cuda")
         steps, next_flat = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)
@@ -267,8 +268,6 @@ class ReplayBuffer:
         if device is None:
             out, wrap = host, None
         elif device.type == "cpu":
-            import torch
-
             out, wrap = {name: torch.from_numpy(a) for name, a in host.items()}, torch.from_numpy
         else:
             out, wrap = self._to_device(host, device), None
@@ -318,8 +317,6 @@ class ReplayBuffer:
         if device is None:
             out = host
         else:
-            import torch
-
             out = {name: torch.from_numpy(a).to(torch.device(device)) for name, a in host.items()}
         observations = self._observations(out["observations"], out.get("stacks"))
         return SequenceBatch(observations, out["actions"], out["rewards"], out["discounts"], out["masks"],
@@ -362,8 +359,6 @@ class ReplayBuffer:
         if isinstance(rows, np.ndarray):
             leaves = self._leaf_views(rows)
         else:
-            from packrl.nativize import leaf_views
-
             leaves = leaf_views(rows, self.layout)
         if stacks is not None:
             leaf = self.layout.leaves[self._stacked]
@@ -434,8 +429,6 @@ class ReplayBuffer:
         """Two sets of pinned host buffers per batch size, used in turn. Each set's CUDA event is recorded
         after its copies are queued, and waited on before the set is written again, so a buffer is never
         overwritten while its non-blocking copy may still read it."""
-        import torch
-
         sets = self._staging.setdefault(batch_size, {"turn": 0, "sets": [None, None]})
         turn = sets["turn"]
         sets["turn"] ^= 1
@@ -449,8 +442,6 @@ class ReplayBuffer:
         return {name: t.numpy() for name, t in tensors.items()}
 
     def _to_device(self, host: dict, device: Any) -> dict:
-        import torch
-
         if device.type != "cuda":
             return {name: torch.from_numpy(a).to(device) for name, a in host.items()}
         pinned, event = self._pending  # the pinned tensors themselves, which torch knows are page-locked
@@ -495,16 +486,12 @@ class ReplayBuffer:
     def save(self, path: str | Path) -> Path:
         """Write the buffer into the folder ``path`` (safetensors arrays + JSON metadata with their SHA-256,
         no pickle): ``load`` gives a buffer that samples exactly what this one would, RNG state included."""
-        from packrl.train.replay_store import save_buffer
-
         return save_buffer(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "ReplayBuffer":
         """The buffer saved in ``path``; the SHA-256 is checked before any array is read
         (``packrl.checkpoint.CheckpointError`` on a mismatch or a malformed file)."""
-        from packrl.train.replay_store import load_buffer
-
         return load_buffer(cls, path)
 
 
@@ -554,6 +541,4 @@ def _stacked_leaf(layout: Any, spec: Any, frame_stack: int) -> tuple[str | None,
 
 
 def _torch_dtype(dtype: Any) -> Any:
-    import torch
-
     return torch.from_numpy(np.empty(0, dtype)).dtype

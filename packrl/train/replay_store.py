@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save
 
 from packrl.checkpoint import CheckpointError, manifest_sha256, read_header, sha256_file
+from packrl.emulation.layout import Layout
 from packrl.run_folders import RunError, write_file
 
 FORMAT = "packrl.replay/2"  # 1: gamma and the priority settings were outside the hash; refused with a message
@@ -39,8 +42,6 @@ BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM, "P
 
 def save_buffer(buffer: Any, path: str | Path) -> Path:
     """Both files through ``run_folders.write_file`` (atomic, never through a symlink), arrays first."""
-    from safetensors.numpy import save
-
     path = Path(path)
     if path.is_symlink():
         raise RunError(f"replay folder {path}: is a symlink; packrl never writes through a symlink")
@@ -74,9 +75,6 @@ def save_buffer(buffer: Any, path: str | Path) -> Path:
 
 
 def load_buffer(cls: type, path: str | Path) -> Any:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     path = Path(path)
     file = path / METADATA
     metadata = _read_metadata(path)
@@ -89,8 +87,6 @@ def load_buffer(cls: type, path: str | Path) -> Any:
                               f"{metadata['arrays_sha256']}; the file was changed or corrupted after it was saved")
     layout = None
     if metadata["layout"] is not None:
-        from packrl.emulation.layout import Layout
-
         try:
             layout = Layout.from_dict(metadata["layout"])
         except (ValueError, KeyError, TypeError, RecursionError) as err:

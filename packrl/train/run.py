@@ -15,6 +15,7 @@ or ``packrl train --help``)::
 """
 from __future__ import annotations
 
+import configparser
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,10 +23,24 @@ from typing import Any, Mapping
 import torch
 
 from packrl import config as config_settings
-from packrl.checkpoint import Verified, load_checkpoint, save_checkpoint
+from packrl import envs, vector
+from packrl.checkpoint import (
+    DTYPE_SIZES,
+    CheckpointError,
+    Verified,
+    compare_layout,
+    compare_specs,
+    load_checkpoint,
+    read_header,
+    save_checkpoint,
+    tensor_specs,
+    verify,
+)
 from packrl.config import PolicyConfig
 from packrl.env_ids import env_creator
 from packrl.errors import ConfigError, PackrlError
+from packrl.models import Policy
+from packrl.train.checkpoint_env import checked_config, checked_distributed, is_data_env_id
 from packrl.train.plot import plot_learning_curve  # noqa: F401 - re-exported: it lived here before matplotlib became optional
 from packrl.train.ppo import PPO, PPOConfig, seed_everything
 
@@ -50,8 +65,6 @@ def load_config_file(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the config file: {err}") from None
     if path.suffix.lower() in (".ini", ".cfg"):
-        import configparser
-
         parser = configparser.ConfigParser()
         try:
             parser.read_string(text, source=str(path))
@@ -81,8 +94,6 @@ def parse_value(text: str) -> Any:
 def make_vecenv(config: dict, seed: int = 0) -> Any:
     """The vector env of ``config["env"]`` and ``config["vec"]``; a backend that cannot take the env or the
     worker count is refused (ConfigError) before any env is built."""
-    from packrl import vector
-
     env, vec = config["env"], config["vec"]
     creator, default_backend = env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"))
     chosen = vec.get("backend", "auto")
@@ -132,16 +143,12 @@ def _last_line(text: str) -> str:
 
 
 def _packrl_env_names() -> list[str]:
-    from packrl import envs
-
     return envs.names()
 
 
 def make_policy(vecenv: Any, policy: PolicyConfig | Mapping) -> torch.nn.Module:
     """The policy ``policy`` describes on ``vecenv``'s layouts. A mapping (a config's ``[policy]`` section) is
     checked and typed by its settings first (``packrl.config.policy_config``): every default is PolicyConfig's."""
-    from packrl.models import Policy
-
     return Policy.from_env(vecenv, config_settings.policy_config(policy))
 
 
@@ -193,8 +200,6 @@ def check_architecture(vecenv: Any, policy_config: PolicyConfig | Mapping, weigh
     refuse (CheckpointError naming the file) a policy whose tensors differ from the weights' header, or
     that would take more than 4x the weights file or ``max_bytes``. ``weights``: the file, or a ``Verified``
     checkpoint (its header and size as verified: nothing is read again)."""
-    from packrl.checkpoint import DTYPE_SIZES, CheckpointError, compare_specs, read_header, tensor_specs
-
     if isinstance(weights, Verified):
         tensors, size, weights = weights.tensors, len(weights.data), weights.weights
     else:
@@ -222,8 +227,6 @@ def check_fits(verified: Verified, vecenv: Any, policy_config: PolicyConfig | Ma
     action layouts equal the env's, the architecture its config describes fits the weights' header within the
     memory budget (``check_architecture``), and its ``distributed`` field is well formed. Returns the recorded
     ``(world size, training state by rank)`` (``checked_distributed``). CheckpointError names the field."""
-    from packrl.train.checkpoint_env import checked_distributed
-
     check_layouts(verified, vecenv)
     check_architecture(vecenv, policy_config, verified, max_bytes)
     return checked_distributed(verified.metadata, verified.file)
@@ -232,8 +235,6 @@ def check_fits(verified: Verified, vecenv: Any, policy_config: PolicyConfig | Ma
 def check_layouts(verified: Verified, vecenv: Any) -> None:
     """The recorded observation and action layouts equal the env's (CheckpointError naming the first leaf
     that differs, or a recorded layout that is not a layout)."""
-    from packrl.checkpoint import compare_layout
-
     layouts, file, emulated = verified.metadata["layouts"], verified.file, vecenv.emulated
     compare_layout(layouts.get("observation"), emulated.observation.to_dict(), "observation", file)
     compare_layout(layouts.get("action"), emulated.action.layout.to_dict(), "action", file)
@@ -249,8 +250,6 @@ def load_policy(path: str | Path | Verified, device: str = "cpu", *, env: str | 
     its env made (``checkpoint_vecenv``), what it must share with that env checked (``check_fits``), and the
     policy built and loaded from the verified bytes. Every refusal is a CheckpointError naming the file and the
     field."""
-    from packrl.checkpoint import verify
-
     verified = verify(path, expected_sha256)
     vecenv = checkpoint_vecenv(verified, env=env, env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint,
                                num_envs=num_envs, seed=seed, render_mode=render_mode)
@@ -266,9 +265,6 @@ def checkpoint_policy(verified: Verified, vecenv: Any, device: str = "cpu",
                       max_policy_bytes: int = MAX_POLICY_BYTES) -> torch.nn.Module:
     """The verified checkpoint's policy on ``vecenv``: ``check_fits`` first, then built and loaded from the
     bytes that were hashed."""
-    from packrl.checkpoint import tensor_specs
-    from packrl.train.checkpoint_env import checked_config
-
     policy_config = checked_config(verified.metadata, verified.file)["policy"]
     check_fits(verified, vecenv, policy_config, max_policy_bytes)
     policy = make_policy(vecenv, policy_config)
@@ -288,10 +284,6 @@ def checkpoint_vecenv(verified: Verified, *, env: str | None = None, env_kwargs:
     module path; ``module:function`` refused). ``trust_checkpoint=True`` lets the recorded id and kwargs run as
     they would in training: only for checkpoints whose author you trust. ``render_mode`` is added to the env's
     kwargs."""
-    from packrl import vector
-    from packrl.checkpoint import CheckpointError
-    from packrl.train.checkpoint_env import checked_config, is_data_env_id
-
     metadata, file = verified.metadata, verified.file
     config = checked_config(metadata, file)
     recorded_id, recorded_kwargs, api = config["env"]["id"], config["env"]["kwargs"], config["env"]["api"]

@@ -20,6 +20,7 @@ same run folder.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from packrl import config as config_settings
+from packrl.checkpoint import CheckpointError, load_checkpoint, read_metadata, verify
 from packrl.errors import ConfigError, PackrlError
 from packrl.history import History, history_line, read_history  # noqa: F401 - re-exported
 from packrl.run_folders import (
@@ -43,12 +46,22 @@ from packrl.run_folders import (
     check_name,
     create_run_folder,
     find_checkpoint,  # noqa: F401 - re-exported (tests and callers import it from here)
+    fresh_subfolder,
     inside,
     mark,
     newest_checkpoint,
     printable,
     remove_run_folder,
 )
+from packrl.run_folders import error_line as one_line
+from packrl.train.checkpoint_env import checked_config, checked_distributed
+from packrl.train.dashboard import Dashboard
+from packrl.train.distributed import DivergedError, env_seed, join, launched_by_torchrun, rank_seed
+from packrl.train.plot import curve_line, plot_learning_curve
+from packrl.train.ppo import PPO, NonFiniteError, seed_everything
+from packrl.train.run import check_fits, env_creator, make_policy, make_vecenv, ppo_config, save
+from packrl.train.tracking import start as start_tracker
+from packrl.train.versus import closing_lines, is_two_player_zero_sum, training_check
 
 if TYPE_CHECKING:  # annotations only: the run imports torch when it starts, not when this module is read
     from packrl.train.distributed import Group
@@ -156,8 +169,6 @@ class Checkpoints:
         return by_steps or by_time
 
     def save_periodic(self, ppo: Any, config: dict, history: list[dict]) -> Path:
-        from packrl.train.run import save
-
         extra = self._ranks(ppo, config)
         path = self.folder / f"checkpoints/step-{ppo.global_step:012d}"
         if self.writes:
@@ -171,8 +182,6 @@ class Checkpoints:
         return self._save_latest(ppo, config, history, self._ranks(ppo, config))
 
     def _save_latest(self, ppo: Any, config: dict, history: list[dict], extra: dict | None) -> Path:
-        from packrl.train.run import save
-
         self.latest = save(ppo, config, inside(self.folder, "checkpoint"), history, extra) if self.writes \
             else self.folder / "checkpoint"
         self.last_step, self.last_time = ppo.global_step, time.monotonic()
@@ -271,10 +280,6 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
     told by the exit code of the result. The steps: what to resume, the run folder, the envs, the trainer,
     the training loop (``_train``), the closing report (``_report``). The lines that say why training stopped
     (an error, a signal) go to ``errors`` (the command's stderr; default: ``console``)."""
-    from packrl.train.distributed import join
-    from packrl.train.ppo import seed_everything
-    from packrl.train.run import ppo_config
-
     group = join(options.collective_timeout)  # under torchrun: this process is one rank of the run
     main = group.main
     console = console or Console()
@@ -320,9 +325,6 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
 
 def _make_envs(config: dict, seed: int, folder: Path, resumed: Resumed | None, group: Group) -> Any:
     """This rank's vector env, seeded apart from every other rank's; the run folder goes if it cannot be made."""
-    from packrl.train.distributed import env_seed
-    from packrl.train.run import make_vecenv
-
     try:
         return make_vecenv(config, seed=env_seed(seed, group.rank, group.world, int(config["vec"]["num_envs"])))
     except BaseException as err:
@@ -341,8 +343,6 @@ def _leave_together(group: Group) -> None:
     after that has nothing left to stop: a torchrun worker ignores it from here on, so torchrun's SIGTERM to the
     ranks still exiting, sent when the first rank leaves with 143, does not cut them short."""
     group.barrier()
-    from packrl.train.distributed import launched_by_torchrun
-
     if group.owned and launched_by_torchrun() and threading.current_thread() is threading.main_thread():
         for signum in SIGNAL_EXIT:
             signal.signal(signum, signal.SIG_IGN)
@@ -377,10 +377,6 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Grou
     recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env.
     In a data-parallel run rank 0 chooses the checkpoint and every rank loads it; its recorded world size must be
     this run's, and each rank continues from its own recorded training state."""
-    from packrl.checkpoint import verify
-    from packrl.train.checkpoint_env import checked_distributed
-    from packrl.train.run import env_creator
-
     def choose() -> str:
         checkpoint, folder, skipped = newest_checkpoint(options.resume)
         for line in skipped:
@@ -454,11 +450,6 @@ def _trainer(vecenv: Any, config: dict, cfg: Any, options: RunOptions, resumed: 
     """PPO over the run's policy; a resumed run's architecture is checked against its weights (shapes and memory)
     before anything is allocated, then its training state loaded. In a data-parallel run PPO starts every rank
     from rank 0's weights, and each rank but 0 draws from generators of its own seed (``rank_seed``)."""
-    from packrl.checkpoint import CheckpointError, load_checkpoint
-    from packrl.train.distributed import rank_seed
-    from packrl.train.ppo import PPO, seed_everything
-    from packrl.train.run import check_fits, make_policy
-
     if resumed is not None:
         try:
             check_fits(resumed.verified, vecenv, config["policy"], options.max_policy_bytes)
@@ -487,9 +478,6 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     (rank 0's clock decides) and on the episode figures (over all ranks' episodes). Rank 0 alone writes history,
     dashboard, TensorBoard, checkpoints and the curve. A collective that fails (a rank lost) stops training
     with exit code 3 and nothing saved."""
-    from packrl.train.plot import plot_learning_curve
-    from packrl.train.tracking import start as start_tracker
-
     main = group.main
     env_id, total = config["env"]["id"], int(config["train"]["total_steps"])
     versus = _versus_check(env_id, config, options) if main else None
@@ -539,8 +527,6 @@ def _announce(ppo: Any, env_id: str, options: RunOptions, folder: Path, resumed:
 def _dashboard(ppo: Any, title: str, total: int, options: RunOptions, folder: Path, console: Console, main: bool,
                versus: bool) -> Any:
     """The live dashboard (a terminal on rank 0 only) with its TensorBoard writer."""
-    from packrl.train.dashboard import Dashboard
-
     return Dashboard(title, total, live=options.live and console.is_terminal and main,
                      tensorboard=_tensorboard_folder(options.tensorboard, folder) if main else None,
                      log_seconds=options.log_seconds, console=console, start_step=ppo.global_step, versus=versus)
@@ -549,8 +535,6 @@ def _dashboard(ppo: Any, title: str, total: int, options: RunOptions, folder: Pa
 def _run_iterations(ppo: Any, total: int, callback: Any, history: History,
                     group: Group) -> tuple[int, BaseException | None]:
     """``ppo.train`` to ``total`` steps; an error that stops training is written to history and returned."""
-    from packrl.train.ppo import NonFiniteError
-
     try:
         ppo.train(total, callback)
     except (NonFiniteError, PackrlError) as err:
@@ -571,8 +555,6 @@ def _run_iterations(ppo: Any, total: int, callback: Any, history: History,
 def _save_last(ppo: Any, config: dict, history: History, checkpoints: Checkpoints, stops: StopSignals,
                group: Group) -> tuple[int, BaseException | None]:
     """After the last iteration: take a signal that came after its agreement, then save the last checkpoint."""
-    from packrl.train.distributed import DivergedError
-
     code = EXIT_OK
     try:
         _agree(group, None, stops, False)  # a signal that came after the last iteration's agreement
@@ -631,8 +613,6 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
     """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
     folder, the checkpoint with its hash and the learning curve. A rank other than 0 prints only its error (on
     stderr: its console is quiet) and reads nothing rank 0 wrote."""
-    from packrl.checkpoint import read_metadata
-
     errors = errors or console
     returns = [h["episode_return"] for h in history.rows if isinstance(h.get("episode_return"), float)]
     last = returns[-1] if returns else None
@@ -663,8 +643,6 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
             errors.print(f"[yellow]interrupted at once by a second Ctrl-C at {ppo.global_step:,} steps; "
                          f"nothing saved from this session's last iteration{resume}[/yellow]", highlight=False,
                          soft_wrap=True)
-    from packrl.train.versus import closing_lines
-
     scores = closing_lines(history.rows)  # a zero-sum game closes on its score, not on its self-play return of 0
     for line in scores:
         console.print(line, highlight=False, soft_wrap=True)
@@ -673,8 +651,6 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
     console.print(escape(printable(f"run folder: {folder}")), highlight=False, soft_wrap=True)
     console.print(escape(printable(f"checkpoint: {latest if latest else '(none)'}"  # the manifest hash: eval --sha256
                   + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""))), highlight=False, soft_wrap=True)
-    from packrl.train.plot import curve_line
-
     console.print(curve_line(folder), highlight=False, soft_wrap=True, markup=False)  # without matplotlib: how to draw it
     return RunResult(code, folder, latest, ppo.global_step, last)
 
@@ -687,8 +663,6 @@ def _stop_prefix(errors: Console, console: Console) -> str:
 def _tensorboard_folder(logdir: str | None, run: Path) -> str | None:
     """Where TensorBoard writes: a fresh subfolder, ``RUN/tensorboard`` (``--tensorboard`` alone) or
     ``LOGDIR/<run name>``, so the logger writes nothing outside a folder packrl just made."""
-    from packrl.run_folders import fresh_subfolder
-
     if logdir is None:
         return None
     return str(fresh_subfolder(run, "tensorboard") if logdir == "" else fresh_subfolder(Path(logdir), run.name))
@@ -698,8 +672,6 @@ def error_line(error: BaseException, ppo: Any) -> str:
     """One line for an error that stopped training: where (iteration, rollout step when known, agent steps)
     and what. An env's error is its header and the last line of its traceback (the traceback itself goes to
     history.jsonl, not to the terminal)."""
-    from packrl.run_folders import error_line as one_line
-
     what = one_line(error)
     if what.startswith("iteration "):  # the NaN guard's message names them already
         return what
@@ -712,9 +684,6 @@ def error_line(error: BaseException, ppo: Any) -> str:
 
 def _newest_saved(folder: Path) -> tuple[Path, int] | None:
     """The run folder's newest complete checkpoint and its step, or None."""
-    from packrl.checkpoint import CheckpointError, read_metadata
-    from packrl.run_folders import newest_checkpoint
-
     try:
         checkpoint, _, _ = newest_checkpoint(folder)
         step = read_metadata(checkpoint).get("global_step")
@@ -725,8 +694,6 @@ def _newest_saved(folder: Path) -> tuple[Path, int] | None:
 
 def _remove_if_empty(folder: Path) -> None:
     """Remove a run folder that holds nothing but packrl's marker (a run that never started)."""
-    from packrl.run_folders import MARKER
-
     try:
         if [p.name for p in folder.iterdir()] == [MARKER]:
             (folder / MARKER).unlink()
@@ -738,11 +705,6 @@ def _remove_if_empty(folder: Path) -> None:
 def _resumed_config(metadata: dict, checkpoint: Path, given: dict, options: RunOptions) -> dict:
     """The recorded config of the run, checked as a config file would be, with what a resumed run may
     change: ``total_steps`` (to extend a run), ``device``, and the env when it was given on the command line."""
-    import copy
-
-    from packrl import config as config_settings
-    from packrl.train.checkpoint_env import checked_config
-
     file = checkpoint / "metadata.json"
     recorded = checked_config(metadata, file)  # env and policy within the bounds a checkpoint may claim
     config = config_settings.merge(config_settings.ConfigLayer(
@@ -759,9 +721,6 @@ def _resumed_config(metadata: dict, checkpoint: Path, given: dict, options: RunO
 def _versus_check(env_id: str, config: dict, options: RunOptions) -> Any:
     """``check(policy, iteration) -> {"vs_random/win": ..., "vs_previous/reward": ...}`` for two-player zero-sum
     games (``versus.training_check``), else None."""
-    from packrl.train.run import env_creator
-    from packrl.train.versus import is_two_player_zero_sum, training_check
-
     if options.versus_every <= 0 or not is_two_player_zero_sum(env_id):
         return None
     creator, _ = env_creator(env_id, config["env"].get("kwargs"), "aec")

@@ -27,6 +27,8 @@ from urllib.parse import urlparse
 
 from packrl.errors import UsageError
 from packrl.printing import shown
+from packrl.run_folders import inside
+from packrl.train.dashboard import LOGGED, PER_AGENT, VERSUS
 
 INSTALL = "pip install 'packrl[wandb]'"
 DEFAULT_HOST = "https://api.wandb.ai"
@@ -156,8 +158,6 @@ class Tracker:
 def _point_folders(base: Path) -> dict:
     """Point wandb's cache, config, data and artifact folders into ``base`` (made inside the run folder,
     never through a symlink); the previous values, for ``_restore``."""
-    from packrl.run_folders import inside
-
     saved = {name: os.environ.get(name) for name in (*FOLDERS, "WANDB_SILENT")}
     for name, sub in FOLDERS.items():
         path = inside(base.parent, Path(base.name) / sub)
@@ -194,8 +194,6 @@ def start(tracking: Tracking | None, folder: Path, config: dict, console: Any = 
     """The run's tracker (its line printed on ``console``), or an Untracked when ``tracking`` is None."""
     if tracking is None:
         return Untracked()
-    from packrl.train.dashboard import LOGGED, PER_AGENT, VERSUS
-
     tracker = Tracker(tracking, folder, config, lambda key: key in LOGGED or key.startswith((PER_AGENT, VERSUS)))
     if console is not None:
         console.print(tracker.line(), highlight=False, soft_wrap=True, markup=False)

@@ -22,6 +22,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from packrl.emulation import emulate
+from packrl.train.run import env_creator
+
 ZERO_SUM_GAMES = ("connect_four", "tictactoe", "chess", "go", "leduc_holdem", "texas_holdem", "texas_holdem_no_limit",
                   "rps")
 """PettingZoo classic games (``pettingzoo.classic.<name>_vN``) with two players and zero-sum rewards."""
@@ -48,8 +51,6 @@ def versus(policy: Any, opponent: Any | None, env_creator: Callable[[], Any], ga
            greedy: bool = False, max_turns: int = 10_000) -> dict[str, float]:
     """``versus_random`` against ``opponent``: another policy for the same env (sampling its actions), or None
     for the uniformly random legal opponent."""
-    from packrl.emulation import emulate
-
     env = emulate(env_creator())
     try:
         if env.num_agents != 2:
@@ -169,8 +170,6 @@ def report_versus_random(console: Any, policy: Any, env_id: str, env_kwargs: dic
                          greedy: bool = False) -> dict[str, float] | None:
     """For ``packrl eval``: print the win/draw/loss rates and the mean reward per game against a random opponent when ``env_id`` is a
     two-player zero-sum game (else do nothing). The id is resolved as data (no code it names is run)."""
-    from packrl.train.run import env_creator
-
     if not is_two_player_zero_sum(env_id):
         return None
     creator, _ = env_creator(env_id, env_kwargs, "aec", allow_code=False)

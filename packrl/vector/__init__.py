@@ -10,10 +10,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from packrl import envs
 from packrl.errors import UsageError
 from packrl.vector.autoreset import DISABLED, NEXT_STEP, SAME_STEP, WORKER_BACKENDS, check_mode, name_of
 from packrl.vector.base import Batch, VectorEnv, check_seed
+from packrl.vector.halves import NumbaHalves
 from packrl.vector.infos import check_form
+from packrl.vector.multiprocessing import Multiprocessing
 from packrl.vector.serial import Serial
 
 BACKENDS = ("serial", "multiprocessing", "numba", "ray")
@@ -76,8 +79,6 @@ def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_worke
         return Serial(env_creator, num_envs, batch_size=batch_size, seed=seed, autoreset_mode=mode,
                       step_timeout=step_timeout)
     if backend == "multiprocessing":
-        from packrl.vector.multiprocessing import Multiprocessing
-
         return Multiprocessing(env_creator, num_envs, num_workers=num_workers, batch_size=batch_size, seed=seed,
                                **kwargs)
     if backend == "numba":
@@ -88,8 +89,6 @@ def _make(env_creator: Callable[[], Any], num_envs: int, backend: str, num_worke
         if num_workers is not None or batch_size is not None:
             raise UsageError("backend 'numba' steps every copy in one call: num_workers and batch_size do not apply")
         if kwargs.pop("halves", False):
-            from packrl.vector.halves import NumbaHalves
-
             return NumbaHalves(env_creator, num_envs, seed=seed, **kwargs)
         return make_numba(env_creator, num_envs, seed=seed, **kwargs)
     if backend == "ray":
@@ -108,8 +107,6 @@ def _require_creator(env_creator: Any, backend: str) -> None:
         return
     what = "a callable that returns a new env, called once per copy"
     if isinstance(env_creator, str):
-        from packrl import envs
-
         hint = (f"backend='numba' for the packrl env {env_creator!r}" if env_creator in envs.names()
                 else f"lambda: gymnasium.make({env_creator!r})")
         raise UsageError(f"vector.make takes an env creator ({what}), not the string {env_creator!r}; pass {hint}")

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from packrl.errors import EnvError, UsageError
+
 FORMS = ("list", "dict")
 RESET_INFO = "reset_info"  # where a list-form info keeps the reset info of a same-step autoreset
 
@@ -100,8 +102,6 @@ def _narrows(value: Any, array: np.ndarray) -> bool:
 def _mismatch(key: Any, value: Any, i: int, existing: Any) -> Exception:
     """An env's info value that cannot join what earlier envs gave under the same key (gymnasium's rule
     types a key's array by the first env that gives it)."""
-    from packrl.errors import EnvError
-
     made = "a dict" if isinstance(existing, dict) else f"a {existing.dtype} array of shape {existing.shape}"
     return EnvError(f"infos='dict': info key {key!r} of env {i} is {value!r} ({type(value).__name__}), which does not "
                     f"fit {made} made from an earlier env's value under that key; give every env the same kind of "
@@ -111,8 +111,6 @@ def _mismatch(key: Any, value: Any, i: int, existing: Any) -> Exception:
 def check_form(infos: Any) -> str:
     """The ``infos=`` argument of ``vector.make``: ``"list"`` or ``"dict"``."""
     if infos not in FORMS:
-        from packrl.errors import UsageError
-
         raise UsageError(f"infos={infos!r}: choose 'list' (one dict per env) or 'dict' (gymnasium's dict of "
                          "arrays with _key masks)")
     return infos

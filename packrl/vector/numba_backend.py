@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from packrl.envs import batched, spec
 from packrl.envs.numba_env import BatchedNumbaEnv, NumbaEnv
 from packrl.errors import EnvError
 
@@ -17,8 +18,6 @@ def resolve(env: Any) -> NumbaEnv:
     if isinstance(env, NumbaEnv):
         return env
     if isinstance(env, str):
-        from packrl.envs import spec
-
         return spec(env)
     if isinstance(env, BatchedNumbaEnv):
         return env.numba_env
@@ -35,6 +34,4 @@ def make_numba(env: Any, num_envs: int, seed: int = 0, threads: int | None = Non
     """``num_envs`` copies of ``env`` in one batched env (copy j seeded with ``seed + j``).
     ``threads``: None picks serial or prange by batch size; 1 forces serial; k > 1 uses k threads.
     ``episode_infos=True`` adds the ended episodes' returns and lengths to ``infos``."""
-    from packrl.envs import batched
-
     return batched(resolve(env), num_envs, seed=seed, threads=threads, **kw)

@@ -22,6 +22,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import gymnasium
 import numpy as np
 import ray
 from ray.exceptions import RayActorError, RayError, WorkerCrashedError
@@ -137,8 +138,6 @@ class RayWorker:
         """One env; a gymnasium id of a namespace packrl knows that is not registered here yet gets its module
         imported and one more try (a creator calling ``gymnasium.make("MiniGrid-...")`` whose driver never
         imported minigrid either)."""
-        import gymnasium
-
         try:
             return build_env(self.creator)
         except (gymnasium.error.NameNotFound, gymnasium.error.NamespaceNotFound) as err:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
+from packrl.emulation import emulate
 from packrl.env_protocol import ROW_BUFFERS, BlockPosition, block_stepper
 from packrl.errors import EnvError, UsageError
 from packrl.vector.actions import action_views
@@ -57,8 +58,6 @@ def build_env(env_creator: Callable[[], Any]) -> Any:
     env = env_creator()
     if hasattr(env, "set_buffers") and hasattr(env, "emulated"):
         return env
-    from packrl.emulation import emulate
-
     return emulate(env)
 
 

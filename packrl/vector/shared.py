@@ -5,10 +5,12 @@ the main process and every worker see the same zero-copy numpy views of one segm
 """
 from __future__ import annotations
 
+import _posixshmem
 import mmap
 import os
 import secrets
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -66,9 +68,6 @@ class Segment:
     as the last view)."""
 
     def __init__(self, nbytes: int):
-        import _posixshmem
-        from multiprocessing import resource_tracker
-
         self.nbytes = nbytes
         self.name = f"packrl_{secrets.token_hex(8)}"
         fd = _posixshmem.shm_open("/" + self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
@@ -86,9 +85,6 @@ class Segment:
     def unlink(self) -> None:
         """Remove the name (idempotent); the memory stays mapped wherever it is mapped."""
         if self.linked:
-            import _posixshmem
-            from multiprocessing import resource_tracker
-
             self.linked = False
             _posixshmem.shm_unlink("/" + self.name)
             resource_tracker.unregister("/" + self.name, "shared_memory")
@@ -100,8 +96,6 @@ def attach_segment(name: str, nbytes: int) -> Any:
     ``SharedMemory(name)`` would register the segment with the resource tracker again (Python
     < 3.13), which then warns or unlinks it behind the owner's back; mapping it directly leaves
     the owner in sole charge of its lifetime."""
-    import _posixshmem
-
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
         return mmap.mmap(fd, nbytes)
