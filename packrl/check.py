@@ -32,6 +32,7 @@ from rich.table import Table
 from packrl.emulation.layout import Leaf
 from packrl.emulation.values import format_path
 from packrl.models.distributions import ActionSpec
+from packrl.train.run import make_policy, make_vecenv
 
 CHECKS = (
     "observation buffer shape and dtype",
@@ -95,6 +96,18 @@ class Report:
             if check not in self.results:
                 self.results[check] = ("skip", skipped or "not run")
         return self
+
+
+def check_config(config: dict, steps: int = 64) -> int:
+    """``packrl check``: the vector env and policy of ``config`` checked for ``steps`` steps, the report printed;
+    0 when no check failed, else 1."""
+    vecenv = make_vecenv(config, seed=int(config["train"].get("seed", 0)))
+    try:
+        report = check_env(vecenv, make_policy(vecenv, config["policy"]), steps=steps)
+    finally:
+        vecenv.close()
+    print_report(report, title=f"packrl check {config['env']['id']}")
+    return 0 if report.ok else 1
 
 
 def check_env(vecenv: Any, policy: torch.nn.Module, steps: int = 64, device: str = "cpu") -> Report:

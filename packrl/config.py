@@ -24,6 +24,11 @@ from packrl import presets
 from packrl.errors import ConfigError
 from packrl.hyperparameters import PPOConfig
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
 SECTIONS = ("env", "vec", "policy", "train")
 NETWORKS = ("mlp", "lstm", "gru", "mingru")
 BACKENDS = ("auto", "serial", "multiprocessing", "numba", "ray")
@@ -384,10 +389,6 @@ def _from_text(setting: Setting, text: str) -> Any:
 
 def parse_toml_value(text: str) -> Any:
     """``text`` as a TOML value (numbers, booleans, arrays, inline tables) when it is one, else the string."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except (tomllib.TOMLDecodeError, KeyError):

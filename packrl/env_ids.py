@@ -43,6 +43,14 @@ ID_FORMS = ("a packrl env, a registered gymnasium id, module:EnvId, a pettingzoo
             "or module:function")
 
 
+
+def gymnasium_module() -> Any:
+    """gymnasium, imported on first use (its 0.2 s): ``packrl --help``, ``inspect``, ``plot`` and a bad flag never
+    pay it, and an env id is looked up only when a command needs one."""
+    import gymnasium
+
+    return gymnasium
+
 class GymnasiumCreator:
     """``gymnasium.make(env_id, **kwargs)``, importing ``module`` first (the one that registers the id), so
     that a worker process that starts fresh finds the id too. Picklable."""
@@ -51,9 +59,8 @@ class GymnasiumCreator:
         self.env_id, self.kwargs, self.module = env_id, kwargs, module
 
     def __call__(self) -> Any:
-        import gymnasium
-
-        from packrl.library_noise import quiet_known_prints
+        gymnasium = gymnasium_module()
+        from packrl.library_noise import quiet_known_prints  # imports gymnasium: as deferred as it
 
         if self.module:
             importlib.import_module(self.module)
@@ -125,7 +132,7 @@ def env_creator(env_id: str, kwargs: dict | None = None, api: str = "auto", *,
 
 def _module_attribute(env_id: str, kwargs: dict, allow_code: bool) -> tuple[Callable[[], Any], str]:
     """``module:EnvId`` when importing ``module`` registers ``EnvId`` with gymnasium, else ``module:function``."""
-    import gymnasium
+    gymnasium = gymnasium_module()
 
     module_name, _, attribute = env_id.partition(":")
     if not module_name or not attribute:
@@ -169,7 +176,7 @@ def _pettingzoo(env_id: str, kwargs: dict, api: str) -> tuple[Callable[[], Any],
 
 
 def _gymnasium(env_id: str, kwargs: dict) -> tuple[Callable[[], Any], str]:
-    import gymnasium
+    gymnasium = gymnasium_module()
 
     module = namespace_module(env_id)
     if module is not None and env_id not in gymnasium.registry:
@@ -224,7 +231,7 @@ def _sibling_modules(module_name: str) -> list[str]:
 def _registered_ids(namespaces: bool = True) -> list[str]:
     """Gymnasium's registered ids, those of the known namespaces that are installed (``namespaces``), and packrl's
     envs."""
-    import gymnasium
+    gymnasium = gymnasium_module()
 
     for module in SUGGEST_FROM if namespaces else ():
         try:

@@ -1,6 +1,11 @@
 """Exceptions raised by packrl. Each message names the leaf path, agent, worker, env index, flag or file."""
 
 
+EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
+"""The commands' exit codes: done; a bad setting, folder or file (one line on stderr); stopped by an error once
+training was under way; stopped by SIGINT (Ctrl-C); stopped by SIGTERM."""
+
+
 class PackrlError(Exception):
     """Base class of every packrl error."""
 

@@ -247,27 +247,34 @@ def for_env(env_id: str) -> Preset | None:
     preset = next((p for p in PRESETS if p.matches(env_id)), None)
     if preset is not None:
         return preset
-    spaces = gymnasium_spaces(env_id)
-    if spaces is None:
+    kinds = space_kinds(env_id)
+    if kinds is None:
         return None
-    observation, action = spaces
-    if _holds_box(action):
+    if kinds.box_action:
         return get("continuous-control")
-    if _flat_box(observation) and _discrete(action):
+    if kinds.flat_box_observation and kinds.discrete_action:
         return get("discrete-control")
     return None
 
 
 def has_box_actions(env_id: str) -> bool:
     """Whether ``env_id`` is a registered gymnasium id whose env's action space is a Box or a Dict/Tuple holding
-    one (``gymnasium_spaces``)."""
-    spaces = gymnasium_spaces(env_id)
-    return spaces is not None and _holds_box(spaces[1])
+    one (``space_kinds``)."""
+    kinds = space_kinds(env_id)
+    return kinds is not None and kinds.box_action
 
 
-def gymnasium_spaces(env_id: str) -> tuple[object, object] | None:
-    """``(observation space, action space)`` of a registered gymnasium id (no ``module:`` prefix: nothing is
-    imported for it), or None. The env is made and closed to read its spaces."""
+@dataclass(frozen=True)
+class SpaceKinds:
+    box_action: bool  # the action space is a Box or a Dict/Tuple holding one
+    flat_box_observation: bool  # a Box of one dimension: a feature vector (an image Box, Atari's, is not)
+    discrete_action: bool
+
+
+def space_kinds(env_id: str) -> SpaceKinds | None:
+    """What a preset asks of a registered gymnasium id's spaces (no ``module:`` prefix: nothing is imported for
+    it), or None. The env is made and closed to read its spaces; gymnasium is imported here only, so a command
+    that needs no env's spaces does not pay for it."""
     import gymnasium as gym
 
     if ":" in env_id or gym.registry.get(env_id) is None:
@@ -277,34 +284,20 @@ def gymnasium_spaces(env_id: str) -> tuple[object, object] | None:
     except Exception:  # noqa: BLE001 - an env that cannot be made here has no preset; training reports why
         return None
     try:
-        return env.observation_space, env.action_space
+        observation, action = env.observation_space, env.action_space
     finally:
         env.close()
 
+    def holds_box(space: object) -> bool:
+        if isinstance(space, gym.spaces.Box):
+            return True
+        if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            parts = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
+            return any(holds_box(s) for s in parts)
+        return False
 
-def _flat_box(space: object) -> bool:
-    """A Box of one dimension: a feature vector (an image Box, Atari's, is left to the defaults)."""
-    from gymnasium import spaces
-
-    return isinstance(space, spaces.Box) and len(space.shape) == 1
-
-
-def _discrete(space: object) -> bool:
-    from gymnasium import spaces
-
-    return isinstance(space, spaces.Discrete)
-
-
-def _holds_box(space: object) -> bool:
-    from gymnasium import spaces
-
-    if isinstance(space, spaces.Box):
-        return True
-    if isinstance(space, spaces.Dict):
-        return any(_holds_box(s) for s in space.spaces.values())
-    if isinstance(space, spaces.Tuple):
-        return any(_holds_box(s) for s in space.spaces)
-    return False
+    return SpaceKinds(holds_box(action), isinstance(observation, gym.spaces.Box) and len(observation.shape) == 1,
+                      isinstance(action, gym.spaces.Discrete))
 
 
 def choose(choice: str, env_id: str) -> Preset | None:

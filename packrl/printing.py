@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 _UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -42,3 +43,15 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 env``, ``1,024 envs``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def progress_line(text: str) -> None:
+    """A progress line on stderr when it is a terminal (a person waiting); a log or a pipe gets the results and
+    at most one error line."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """packrl train runs torch on one CPU thread unless asked: --torch-threads N, or OMP_NUM_THREADS."""
 import torch
 
-from packrl.commands.train import _set_torch_threads
+from packrl.commands.training import set_torch_threads as _set_torch_threads
 
 
 def test_one_thread_by_default_and_what_is_asked_otherwise(monkeypatch):

@@ -12,6 +12,12 @@ SHORTCUTS = {  # flag -> the setting it sets (packrl.cli adds the flags; train r
 }
 
 
+EVAL_MODES = {"sampled": False, "greedy": True}
+"""``packrl eval --mode``: each mode and whether its actions are deterministic."""
+FIELD_CHARS = 400
+"""``packrl inspect``: a field printed longer than this is cut (its length said) unless --full."""
+
+
 def positive_int(text: str) -> int:
     return _bounded(text, int, 1, "a positive integer")
 

@@ -18,14 +18,8 @@ def run(args: argparse.Namespace, config: dict) -> int:
 
 
 def check_command(config: dict, steps: int) -> int:
-    from packrl.check import check_env, print_report
-    from packrl.train.run import make_policy, make_vecenv
+    """Check the env and policy ``config`` describes for ``steps`` steps and print the report; 0 or 1."""
+    from packrl.check import check_config  # torch and the envs: seconds
 
     apply_torch_threads(None)  # one thread, as packrl train and eval
-    vecenv = make_vecenv(config, seed=int(config["train"].get("seed", 0)))
-    try:
-        report = check_env(vecenv, make_policy(vecenv, config["policy"]), steps=steps)
-    finally:
-        vecenv.close()
-    print_report(report, title=f"packrl check {config['env']['id']}")
-    return 0 if report.ok else 1
+    return check_config(config, steps)

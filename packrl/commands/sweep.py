@@ -18,9 +18,9 @@ from packrl.env_ids import env_creator
 from packrl.errors import PackrlError
 from packrl.run_folders import error_line, printable
 from packrl.sweep.objective import parse_objective
+from packrl.sweep.options import PRUNERS, SAMPLERS, SweepError, SweepOptions
 from packrl.sweep.space import load_space
 from packrl.sweep.storage import masked, open_storage, password, scrub, sqlite_url
-from packrl.sweep.study import PRUNERS, SAMPLERS, SweepError, SweepOptions
 
 SUBCOMMANDS = ("show", "dashboard")
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 from packrl.commands.arguments import (
     SHORTCUTS,
-    apply_torch_threads,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
-from packrl.errors import PackrlError
+from packrl.errors import EXIT_BAD_INPUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,71 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "gains little from more, and loses several-fold when another process holds a core)")
 
 
-def run(args: argparse.Namespace, config: dict) -> int:
-    from rich.console import Console
-
-    from packrl.train.session import EXIT_BAD_INPUT, RunOptions, train_run
-
-    given = _given_settings(args)
-    try:
-        track = _tracking(args)
-    except PackrlError as err:
-        print(f"packrl train: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    options = RunOptions(
-        out=args.out, name=args.name, runs_dir=args.runs_dir, overwrite=args.overwrite, resume=args.resume,
-        env_given=getattr(args, "env", None) is not None, total_steps_given="train.total_steps" in given,
-        device_given="train.device" in given,
-        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes or None, keep=args.keep,
-        live=not args.no_live, tensorboard=args.tensorboard, track=track, log_seconds=args.log_seconds,
-        versus_every=args.versus_every, versus_games=args.versus_games, preamble=getattr(args, "preamble", None),
-        max_policy_bytes=int(args.max_policy_gib * (1 << 30)), collective_timeout=args.collective_timeout)
-    if args.resume is not None:
-        fixed = sorted(given - RESUME_CHANGEABLE)
-        fixed += ["--config"] if getattr(args, "config", None) else []
-        fixed += ["--preset"] if getattr(args, "preset", "auto") != "auto" else []
-        if fixed:
-            print(f"packrl train: --resume continues the run with its recorded settings, which {', '.join(fixed)} "
-                  "would change (a resumed run may change only ENV, --total-steps and --device)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    _set_torch_threads(args.torch_threads)
-    try:  # results on stdout; the lines that say why training stopped (an error, a signal) on stderr
-        return train_run(config, options, Console(), errors=Console(stderr=True)).code
-    except PackrlError as err:
-        from packrl.run_folders import error_line
-        from packrl.train.distributed import DivergedError, LostRankError
-        from packrl.train.session import EXIT_STOPPED_BY_ERROR
-
-        if not getattr(err, "quiet", False):  # a quiet error: rank 0 printed it
-            print(f"packrl train: {error_line(err)}", file=sys.stderr)
-        # a rank lost, or ranks whose weights differ: a run that failed, not a bad setting
-        return EXIT_STOPPED_BY_ERROR if isinstance(err, (LostRankError, DivergedError)) else EXIT_BAD_INPUT
-
-
-def _tracking(args: argparse.Namespace) -> object:
-    """The W&B settings of --track (checked, and wandb importable), or None without it."""
-    from packrl.train.tracking import Tracking, TrackingError, require_wandb
-
-    if not args.track:
-        named = [flag for flag, value in (("--wandb-project", args.wandb_project), ("--wandb-entity", args.wandb_entity))
-                 if value is not None]
-        if named:
-            raise TrackingError(f"{named[0]} applies with --track (add --track to log to W&B)")
-        return None
-    tracking = Tracking(project="packrl" if args.wandb_project is None else args.wandb_project, entity=args.wandb_entity)
-    require_wandb()
-    return tracking
-
-
-def _set_torch_threads(threads: int | None) -> int:
-    """Set the intra-op threads as ``packrl train`` does; returns the number there was before."""
-    import torch
-
-    before = torch.get_num_threads()
-    apply_torch_threads(threads)
-    return before
-
-
 RESUME_CHANGEABLE = {"train.total_steps", "train.device"}
 """The settings a resumed run may change (every other one is the recorded run's)."""
 
@@ -139,20 +73,29 @@ def _given_settings(args: argparse.Namespace) -> set[str]:
     return given
 
 
+def run(args: argparse.Namespace, config: dict) -> int:
+    """The command once its settings are checked: a resume that would change a recorded setting is refused here,
+    before torch; the run itself is ``packrl.commands.training``."""
+    given = _given_settings(args)
+    if args.resume is not None:
+        fixed = sorted(given - RESUME_CHANGEABLE)
+        fixed += ["--config"] if getattr(args, "config", None) else []
+        fixed += ["--preset"] if getattr(args, "preset", "auto") != "auto" else []
+        if fixed:
+            print(f"packrl train: --resume continues the run with its recorded settings, which {', '.join(fixed)} "
+                  "would change (a resumed run may change only ENV, --total-steps and --device)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    from packrl.commands import training  # torch, the envs and the trainer: seconds
+
+    return training.run(args, config, given)
+
+
 def train_command(config: dict, out: str | Path | None = None, live: bool = True, tensorboard: str | None = None,
                   torch_threads: int | None = None, **options: object) -> int:
     """Train as ``packrl train`` does, from Python; returns its exit code. ``options``: other RunOptions.
     Like the command, it trains on one torch intra-op thread unless ``torch_threads`` or OMP_NUM_THREADS says
     otherwise (1.3-1.6x faster than torch's default on a busy 2-core machine), and gives the caller's number
     of threads back afterwards."""
-    import torch
+    from packrl.commands import training
 
-    from packrl.train.session import RunOptions, train_run
-
-    before = _set_torch_threads(torch_threads)
-    try:
-        return train_run(config, RunOptions(out=None if out is None else str(out), live=live, tensorboard=tensorboard,
-                                            **options)).code
-    finally:
-        torch.set_num_threads(before)
-
+    return training.train_command(config, out, live, tensorboard, torch_threads, **options)

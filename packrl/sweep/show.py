@@ -9,8 +9,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import TrialState
+from rich.table import Table
+
 from packrl.presets import _toml
 from packrl.sweep.space import Dimension, Space
+from packrl.sweep.view import differing, fmt
 
 PLOTS = ("optimization_history", "param_importances", "slice")
 
@@ -44,8 +49,6 @@ def config_toml(config: dict, header: list[str]) -> str:
 
 def ranked(study: Any) -> list:
     """The complete trials, best first."""
-    from optuna.trial import TrialState
-
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     return sorted(complete, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE")
 
@@ -83,10 +86,6 @@ def pareto_front(trials: list, steps_key: str) -> list:
 
 def show(study: Any, folder: Path, console: Any, plots: bool = True) -> list[Path]:
     """Print the best trials and the Pareto front; write best.toml and the PNG plots (their paths)."""
-    from rich.table import Table
-
-    from packrl.sweep.view import differing, fmt
-
     best = ranked(study)
     recorded = study.user_attrs["packrl"]
     params = differing(best) if best else []
@@ -123,8 +122,6 @@ def write_plots(study: Any, out: Path, front: list, steps_key: str) -> list[Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as vis
-    from optuna.exceptions import ExperimentalWarning
-
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with warnings.catch_warnings():

@@ -18,6 +18,11 @@ from typing import Any
 from packrl import config as config_settings
 from packrl.errors import ConfigError
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
 SCALES = ("linear", "log", "log1m")
 RANGE_KEYS = ("low", "high", "scale", "choices")
 TOP_LEVEL = ("defaults", "skip")
@@ -109,10 +114,6 @@ def load_space(path: str | Path | None) -> Space:
     if path is None:
         return default_space()
     path = Path(path)
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:

@@ -27,50 +27,29 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import TrialState
+
 from packrl import config as config_settings
-from packrl.errors import ConfigError
-from packrl.sweep.objective import REPORTS, Objective
+from packrl.errors import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, ConfigError
+from packrl.sweep.objective import REPORTS
+from packrl.sweep.options import PRUNERS, SAMPLERS, SweepError, SweepOptions  # noqa: F401 - SweepError re-exported
 from packrl.sweep.show import write_best
-from packrl.sweep.space import Space
 from packrl.sweep.storage import child_environment, masked, open_storage, sqlite_url
 from packrl.sweep.trials import CUT, OWNER, counts
+from packrl.sweep.view import TrialView
 
-SAMPLERS = ("tpe", "cmaes", "random")
-PRUNERS = ("median", "hyperband", "none")
-EXIT_OK, EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 130, 143
 POLL_SECONDS = 0.5
 SURPLUS = "surplus: the study had its trials when it was asked for (sweeps sharing it asked at once)"
 
 
-class SweepError(ConfigError):
-    """A sweep that cannot start: a study under another space or objective, a folder in use, a bad budget."""
-
-
-@dataclass
-class SweepOptions:
-    env: str
-    trials: int = 20
-    budget: int = 50_000
-    jobs: int = 1
-    space: Space | None = None
-    storage: str | None = None
-    study: str | None = None
-    sampler: str = "tpe"
-    pruner: str = "median"
-    objective: Objective | None = None
-    seed: int = 0
-    out: str | None = None
-    live: bool = True
-    base: dict = field(default_factory=dict)  # the resolved config every trial starts from
-
-
 def make_sampler(name: str, seed: int) -> Any:
-    import optuna
-
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if name == "cmaes":
@@ -80,8 +59,6 @@ def make_sampler(name: str, seed: int) -> Any:
 
 def make_pruner(name: str) -> Any:
     """Optuna's median or Hyperband pruner over the REPORTS report points of a trial, or none."""
-    import optuna
-
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=REPORTS // 5)
     if name == "hyperband":
@@ -91,23 +68,17 @@ def make_pruner(name: str) -> Any:
 
 def quiet_optuna() -> None:
     """No warnings for what the sweep uses on purpose: heartbeats with ask/tell (the sweep records them itself)."""
-    from optuna.exceptions import ExperimentalWarning
-
     warnings.filterwarnings("ignore", category=ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
 def trial_seed(seed: int, number: int) -> int:
     """The training seed of trial ``number``: fixed by the sweep seed, different for every trial."""
-    import numpy as np
-
     return int(np.random.SeedSequence([seed, number]).generate_state(1, np.uint32)[0])
 
 
 def sampler_seed(seed: int, existing: int) -> int:
     """The sampler's seed: the sweep seed for a new study; a continued one (``existing`` trials) draws anew."""
-    import numpy as np
-
     return seed if existing == 0 else int(np.random.SeedSequence([seed, existing]).generate_state(1, np.uint32)[0])
 
 
@@ -154,8 +125,6 @@ class FolderLock:
 def open_study(options: SweepOptions, storage: Any) -> Any:
     """The study of ``options.study``: created with the sweep's identity, or joined when it was made by a sweep
     of the same env, objective, budget and space (else SweepError)."""
-    import optuna
-
     study = optuna.create_study(study_name=options.study, storage=storage, load_if_exists=True,
                                 direction=options.objective.direction, pruner=make_pruner(options.pruner))
     wanted = identity(options)
@@ -188,9 +157,6 @@ def trial_id(storage: Any, study_name: str, number: int) -> int:
 def fail_cut_trials(study: Any, storage: Any, owner: str, reason: str) -> list[int]:
     """Mark failed (cut) the running trials this sweep folder left behind (its last sweep was killed) and those
     whose sweep elsewhere stopped sending heartbeats; the numbers marked here."""
-    import optuna
-    from optuna.trial import TrialState
-
     optuna.storages.fail_stale_trials(study)
     marked = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -227,10 +193,6 @@ class Sweep:
         self.started = time.monotonic()
 
     def run(self) -> int:
-        import optuna
-
-        from packrl.sweep.view import TrialView
-
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         quiet_optuna()
         storage = open_storage(self.url, heartbeat=True)
@@ -295,8 +257,6 @@ class Sweep:
 
     def _start(self, study: Any) -> None:
         """Ask for a trial, build its config, start its process."""
-        from optuna.trial import TrialState
-
         trial = study.ask()
         number, storage = trial.number, self.storage
         key = trial_id(storage, self.options.study, number)
@@ -329,8 +289,6 @@ class Sweep:
 
     def _reap(self, study: Any) -> None:
         """End the trials whose process exited; one that did not tell Optuna its end was cut: failed."""
-        from optuna.trial import TrialState
-
         for number, r in list(self.running.items()):
             code = r.process.poll()
             if code is None:

@@ -19,10 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
+import torch
+from rich.console import Console
+
 from packrl.errors import PackrlError
+from packrl.history import read_history
+from packrl.run_folders import error_line
 from packrl.sweep.objective import Objective, final_return, report_points, steps_to
 from packrl.sweep.storage import STORAGE_ENV, open_storage
 from packrl.sweep.study import make_pruner
+from packrl.train.session import RunOptions, train_run
 
 POLL_SECONDS = 0.05
 EXIT_STOPPED = 143
@@ -68,8 +75,6 @@ class Watcher(threading.Thread):
             os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of the iteration under way, with a checkpoint
 
     def _read(self) -> None:
-        from packrl.train.session import read_history
-
         try:
             size = self.history.stat().st_size
         except OSError:
@@ -81,12 +86,6 @@ class Watcher(threading.Thread):
 
 def run_trial(spec: dict) -> int:
     """Train the trial's run and tell Optuna how it ended; the process's exit code."""
-    import optuna
-    import torch
-    from rich.console import Console
-
-    from packrl.train.session import RunOptions, read_history, train_run
-
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(os.environ[STORAGE_ENV])
@@ -102,8 +101,6 @@ def run_trial(spec: dict) -> int:
                                                       checkpoint_minutes=None), Console(file=sys.stdout))
         code = result.code
     except PackrlError as err:
-        from packrl.run_folders import error_line
-
         watcher.done.set()
         _note(trial, failure=f"error: {error_line(err)}")
         study.tell(trial, state=optuna.trial.TrialState.FAIL)

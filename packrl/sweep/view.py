@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
 from rich.live import Live
 from rich.table import Table
 
@@ -78,8 +79,6 @@ class TrialView:
     def eta(self, trials: list) -> float | None:
         """Seconds until the study holds ``--trials`` finished trials, from the mean wall time of this sweep's
         finished trials (before there is one, from the running trials' progress)."""
-        from optuna.trial import TrialState
-
         options, running = self.sweep.options, self.sweep.running
         walls = [elapsed(t) for t in trials if t.state == TrialState.COMPLETE and t.system_attrs.get(OWNER) == self.sweep.owner]
         walls = [w for w in walls if w]
@@ -105,8 +104,6 @@ class TrialView:
                 f"elapsed {clock(time.monotonic() - self.sweep.started)}, ETA {clock(self.eta(trials))}")
 
     def table(self, trials: list, title: str | None = None) -> Table:
-        from optuna.trial import TrialState
-
         direction = self.sweep.options.objective.direction
         complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
         best = sorted(complete, key=lambda t: t.value, reverse=direction == "maximize")[:5]

@@ -13,6 +13,7 @@ import gymnasium
 
 from packrl.checkpoint import CheckpointError
 from packrl.config import MAX_HIDDEN, check_policy, defaults, settings
+from packrl.env_ids import NAMESPACES
 from packrl.errors import ConfigError
 
 __all__ = ["MAX_HIDDEN", "checked_config", "checked_distributed", "is_data_env_id"]  # MAX_HIDDEN: the largest policy.hidden (packrl.config)
@@ -106,8 +107,4 @@ SHIM_IDS = ("GymV21Environment-v0", "GymV26Environment-v0")  # registered by gym
 
 def _known_modules() -> set[str]:
     """The modules ``module:EnvId`` may name in a checkpoint: those packrl itself imports for an id's namespace."""
-    try:
-        from packrl.env_ids import NAMESPACES
-    except ImportError:
-        return set()
     return {module for module, _ in NAMESPACES.values()}

@@ -44,6 +44,11 @@ from packrl.train.checkpoint_env import checked_config, checked_distributed, is_
 from packrl.train.plot import plot_learning_curve  # noqa: F401 - re-exported: it lived here before matplotlib became optional
 from packrl.train.ppo import PPO, PPOConfig, seed_everything
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
 DEFAULTS: dict[str, dict] = config_settings.defaults()  # the config dataclasses' defaults (packrl.config)
 
 
@@ -72,10 +77,6 @@ def load_config_file(path: str | Path) -> dict:
             raise ConfigError(f"{path}: not a valid INI file: {' '.join(str(err).split())}") from None
         values = {s: {k: parse_value(v) for k, v in parser[s].items()} for s in parser.sections()}
         return config_settings.ConfigLayer(values, str(path))
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
     try:
         values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -38,7 +38,15 @@ from rich.markup import escape
 
 from packrl import config as config_settings
 from packrl.checkpoint import CheckpointError, load_checkpoint, read_metadata, verify
-from packrl.errors import ConfigError, PackrlError
+from packrl.errors import (  # noqa: F401 - the exit codes re-exported: callers read them here
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_STOPPED_BY_ERROR,
+    ConfigError,
+    PackrlError,
+)
 from packrl.history import History, history_line, read_history  # noqa: F401 - re-exported
 from packrl.run_folders import (
     MARKER,
@@ -54,7 +62,7 @@ from packrl.run_folders import (
     remove_run_folder,
 )
 from packrl.run_folders import error_line as one_line
-from packrl.train.checkpoint_env import checked_config, checked_distributed
+from packrl.train.checkpoint_env import checked_config, checked_distributed, is_data_env_id
 from packrl.train.dashboard import Dashboard
 from packrl.train.distributed import DivergedError, env_seed, join, launched_by_torchrun, rank_seed
 from packrl.train.plot import curve_line, plot_learning_curve
@@ -68,7 +76,6 @@ if TYPE_CHECKING:  # annotations only: the run imports torch when it starts, not
 
 RUN_WRITES = ("history.jsonl", "learning_curve.png", "checkpoint", "checkpoints", "tensorboard", "wandb")
 """What a run writes into its folder (each through ``run_folders.write_file`` or the checkpoint writer)."""
-EXIT_OK, EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
 SIGNAL_EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
 
 
@@ -405,8 +412,6 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Grou
         try:
             env_creator(env["id"], env.get("kwargs"), env.get("api", "auto"), allow_code=False)
         except ConfigError:
-            from packrl.train.checkpoint_env import is_data_env_id
-
             if is_data_env_id(env["id"]):
                 raise
             raise RunError(f"--resume {options.resume}: the run's env id {env['id']!r} names code to import and "

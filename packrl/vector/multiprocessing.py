@@ -16,6 +16,7 @@ cores" and "mp_waits.py".
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
@@ -23,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections import deque
@@ -611,8 +613,6 @@ def _worker_main(args: WorkerArgs, wake: Any, done: Any, conn: Any) -> None:
                 args.spec.check(envs[-1], args.first_env + k)
             runner = EnvRunner(envs, args.first_env, arrays, args.spec, args.autoreset_mode)
         except Exception:  # noqa: BLE001 - an env may raise any class: reported with its index
-            import traceback
-
             _reply(status, w, done, conn, Status.FAILED,
                    EnvFailure(args.first_env + len(envs), traceback.format_exc(), raised_name()))
             return
@@ -700,8 +700,6 @@ def _die_with_parent() -> None:
     forkserver that parent is the fork server, so ``_wait`` watches the main process too."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
