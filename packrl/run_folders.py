@@ -19,9 +19,9 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
-from packrl.checkpoint import CheckpointError, read_metadata, verify
+from packrl.checkpoint import CheckpointError, Verified, read_metadata, verify
 from packrl.errors import PackrlError
 from packrl.printing import shown
 
@@ -192,20 +192,30 @@ def find_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, Pat
     """``(checkpoint folder, run folder or None)`` for ``--resume`` (``what`` names the argument in errors):
     a run folder gives its newest loadable checkpoint (``newest_checkpoint``); a checkpoint folder gives
     itself, in the run folder that holds it if any."""
-    checkpoint, run, _ = newest_checkpoint(path, what)
-    return checkpoint, run
+    found = newest_checkpoint(path, what)
+    return found.checkpoint, found.run
 
 
-def newest_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, Path | None, list[str]]:
+class Found(NamedTuple):
+    """A checkpoint found for a command's argument (``newest_checkpoint``)."""
+
+    checkpoint: Path
+    run: Path | None  # the run folder that holds it, if any
+    skipped: list[str]  # "NAME (why)" for each newer checkpoint of the run folder that does not check out
+    verified: Verified | None  # as verified when chosen among a run folder's (its one hash pass); None if given
+
+
+def newest_checkpoint(path: str | Path, what: str = "--resume") -> Found:
     """As ``find_checkpoint``, and the checkpoints of a run folder passed over: ``"NAME (why)"`` for each one
-    newer than the chosen one (or of unknown step) whose metadata, hashes or header do not check out."""
+    newer than the chosen one (or of unknown step) whose metadata, hashes or header do not check out. The one
+    chosen among a run folder's comes with what its verification read, so its caller hashes nothing again."""
     path = Path(path)
     if not path.exists():
         raise RunError(f"{what} {path}: no such run or checkpoint folder")
     if (path / "metadata.json").is_file():
         parent = path.parent
         run = parent.parent if parent.name == "checkpoints" else parent if path.name == "checkpoint" else None
-        return path, run if run is not None and is_run_folder(run) else None, []
+        return Found(path, run if run is not None and is_run_folder(run) else None, [], None)
     candidates = [path / "checkpoint"] + sorted((path / "checkpoints").glob("step-*"), reverse=True)
     skipped, readable = [], []
     for candidate in candidates:
@@ -219,11 +229,11 @@ def newest_checkpoint(path: str | Path, what: str = "--resume") -> tuple[Path, P
     readable.sort(key=lambda item: item[0], reverse=True)
     for _, candidate in readable:
         try:
-            verify(candidate)
+            verified = verify(candidate)
         except (CheckpointError, OSError, ValueError) as err:
             skipped.append(f"{_relative(candidate, path)} ({_first_line(err)})")
             continue
-        return candidate, path, skipped
+        return Found(candidate, path, skipped, verified)
     if not readable and not skipped:
         raise RunError(f"{what} {path}: no checkpoint in it (looked at checkpoint/ and checkpoints/step-*)")
     raise RunError(f"{what} {path}: no loadable checkpoint in it; skipped {'; '.join(skipped[:4])}"
@@ -240,12 +250,11 @@ def _first_line(err: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def checkpoint_in(path: str | Path) -> tuple[Path, list[str]]:
-    """The checkpoint folder that a command's CHECKPOINT argument names, and the checkpoints passed over: a run
-    folder's newest loadable checkpoint (``newest_checkpoint``), or ``path`` as given, for the loader to refuse
-    by name if it is none. Errors name the argument (``checkpoint PATH: ...``); the command prefixes its own name."""
+def checkpoint_in(path: str | Path) -> Found:
+    """The checkpoint that a command's CHECKPOINT argument names: a run folder's newest loadable checkpoint
+    (``newest_checkpoint``: verified, with those passed over), or ``path`` as given, for the loader to refuse by
+    name if it is none. Errors name the argument (``checkpoint PATH: ...``); the command prefixes its own name."""
     path = Path(path)
     if is_run_folder(path):
-        checkpoint, _, skipped = newest_checkpoint(path, "checkpoint")
-        return checkpoint, skipped
-    return path, []
+        return newest_checkpoint(path, "checkpoint")
+    return Found(path, None, [], None)

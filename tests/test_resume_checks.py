@@ -188,3 +188,25 @@ def test_resume_hashes_the_weights_once(tmp_path, monkeypatch, capsys):
     size = (out / "checkpoint" / "model.safetensors").stat().st_size
     assert main(["train", "--resume", str(out / "checkpoint"), "--total-steps", "64", "--no-live"]) == 0
     assert calls == [size]  # verified once; the layouts, architecture and weights all come from that read
+
+
+def test_a_run_folder_is_hashed_once_per_command(tmp_path, monkeypatch, capsys):
+    """A run folder's newest checkpoint is verified when it is chosen; resume, eval and inspect build from that
+    read (issue 38: one hash pass per command)."""
+    import packrl.checkpoint as checkpoint_module
+    from packrl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "gridworld", "--num-envs", "2", "--total-steps", "32", "--train.num_steps", "16",
+                 "--hidden", "8", "--no-live", "--checkpoint-minutes", "0", "--out", str(out)]) == 0
+    calls = []
+    real = checkpoint_module.hash_weights
+    monkeypatch.setattr(checkpoint_module, "hash_weights", lambda data: calls.append(len(data)) or real(data))
+    size = (out / "checkpoint" / "model.safetensors").stat().st_size
+    for argv in (["train", "--resume", str(out), "--total-steps", "64", "--no-live"],
+                 ["eval", str(out), "--episodes", "2"],
+                 ["inspect", str(out)]):
+        calls.clear()
+        assert main(argv) == 0, argv
+        assert calls == [(out / "checkpoint" / "model.safetensors").stat().st_size], argv
+    assert size > 0

@@ -308,7 +308,8 @@ def test_eval_of_a_run_falls_back_to_the_newest_loadable_checkpoint(run, tmp_pat
     with open(folder / "checkpoints" / "step-000000000999" / "model.safetensors", "r+b") as f:
         f.seek(-4, os.SEEK_END)
         f.write(b"\0\1\2\3")  # corrupt weights: the manifest still checks, the weights' hash does not
-    checkpoint, _, skipped = newest_checkpoint(folder)
+    checkpoint, _, skipped, verified = newest_checkpoint(folder)
+    assert verified is not None and verified.folder == checkpoint
     assert checkpoint == folder / "checkpoint"
     assert len(skipped) == 1 and skipped[0].startswith("checkpoints/step-000000000999 (")
     assert main(["eval", str(folder), "--episodes", "1"]) == 0

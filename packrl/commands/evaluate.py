@@ -60,13 +60,13 @@ def eval_command(checkpoint: str, episodes: int = 20, *, num_envs: int | None = 
     ``packrl train``, torch runs on one CPU thread unless OMP_NUM_THREADS says otherwise."""
     _check_exists(checkpoint)  # before torch: a mistyped path is refused at once
     given = checkpoint
-    found, skipped = checkpoint_in(checkpoint)
-    checkpoint = str(found)
+    found = checkpoint_in(checkpoint)
+    checkpoint = str(found.checkpoint)
     progress_line(f"eval: {shown(checkpoint)}: loading the policy and making its envs")  # torch takes seconds
 
     from packrl.commands.evaluation import evaluate_checkpoint  # torch and the envs: seconds
 
-    return evaluate_checkpoint(checkpoint, given, skipped, episodes, num_envs=num_envs, seed=seed, device=device,
+    return evaluate_checkpoint(found, given, episodes, num_envs=num_envs, seed=seed, device=device,
                                mode=mode, env=env, env_kwargs=env_kwargs, trust_checkpoint=trust_checkpoint,
                                sha256=sha256, render=render, max_policy_bytes=max_policy_bytes)
 

@@ -19,27 +19,30 @@ from packrl.commands.arguments import EVAL_MODES as MODES
 from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import ConfigError, EnvError
 from packrl.printing import plural, progress_line, shown
-from packrl.run_folders import printable
+from packrl.run_folders import Found, printable
 from packrl.train.evaluate import EvaluationError, evaluate_episodes, record_frames
 from packrl.train.run import checkpoint_vecenv, load_policy
 from packrl.train.versus import report_versus_random
 
 
-def evaluate_checkpoint(checkpoint: str, given: str, skipped: list, episodes: int, *, num_envs: int | None,
+def evaluate_checkpoint(found: Found, given: str, episodes: int, *, num_envs: int | None,
                         seed: int, device: str, mode: str, env: str | None, env_kwargs: dict | None,
                         trust_checkpoint: bool, sha256: str | None, render: str | None,
                         max_policy_bytes: int | None) -> int:
-    """``eval_command`` once the checkpoint folder is found (``checkpoint``; ``given`` as the user named it,
-    ``skipped`` the newer ones that do not load): load, evaluate both modes, print the table."""
+    """``eval_command`` once the checkpoint is found (``found``: the folder, the newer ones that do not load, and
+    what verifying it read when it was chosen in a run folder; ``given`` as the user named it): load, evaluate
+    both modes, print the table."""
     console = Console()
     _check_device(device)
     apply_torch_threads(None)
-    for line in skipped:  # newer checkpoints that do not load: named, then passed over
+    checkpoint = str(found.checkpoint)
+    for line in found.skipped:  # newer checkpoints that do not load: named, then passed over
         console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
     if checkpoint != given:
         console.print(f"checkpoint: {escape(printable(checkpoint))}", highlight=False, soft_wrap=True)
     num_envs = num_envs or min(episodes, 8)
-    verified = verify(checkpoint, sha256)  # the one read and hash of the checkpoint (the video reuses its policy)
+    # the one read and hash of the checkpoint (a run folder's newest was verified when chosen; the video reuses it)
+    verified = verify(found.verified or checkpoint, sha256)
     policy, metadata, vecenv = load_policy(verified, device, env=env, env_kwargs=env_kwargs,
                                            trust_checkpoint=trust_checkpoint, expected_sha256=sha256,
                                            num_envs=num_envs, seed=seed,

@@ -57,8 +57,8 @@ class _Parser(argparse.ArgumentParser):
 
 def inspect_command(checkpoint: str, as_json: bool = False, full: bool = False) -> int:
     given = checkpoint
-    found, skipped = checkpoint_in(checkpoint)
-    checkpoint = str(found)
+    found = checkpoint_in(checkpoint)
+    checkpoint, skipped = str(found.checkpoint), found.skipped
     if checkpoint != given and not as_json:
         print(printable(f"checkpoint: {checkpoint}"))
     for line in skipped:
@@ -66,7 +66,7 @@ def inspect_command(checkpoint: str, as_json: bool = False, full: bool = False) 
     metadata = read_metadata(checkpoint)
     tensors, _ = read_header(checkpoint_folder(checkpoint) / WEIGHTS)
     try:
-        verify(checkpoint)
+        verify(found.verified or checkpoint)  # a run folder's newest was verified when it was chosen
         problem = None
     except CheckpointError as err:
         problem = str(err)

@@ -384,15 +384,17 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Grou
     recorded. Its env id is resolved as data: one naming code is refused unless the command line gives the env.
     In a data-parallel run rank 0 chooses the checkpoint and every rank loads it; its recorded world size must be
     this run's, and each rank continues from its own recorded training state."""
+    found: list = []  # rank 0's choice, with what choosing it verified
+
     def choose() -> str:
-        checkpoint, folder, skipped = newest_checkpoint(options.resume)
-        for line in skipped:
+        found.append(newest_checkpoint(options.resume))
+        for line in found[0].skipped:
             console.print(escape(printable(f"skipped {line}")), highlight=False, soft_wrap=True)
-        return json.dumps([str(checkpoint), None if folder is None else str(folder)])
+        return json.dumps([str(found[0].checkpoint), None if found[0].run is None else str(found[0].run)])
 
     chosen, chosen_folder = json.loads(_from_rank_zero(group, choose))
     checkpoint_path, resume_folder = Path(chosen), None if chosen_folder is None else Path(chosen_folder)
-    verified = verify(checkpoint_path)
+    verified = verify(found[0].verified if found and found[0].verified is not None else checkpoint_path)
     metadata = verified.metadata
     if not isinstance(metadata.get("resume"), dict):
         raise RunError(f"--resume {checkpoint_path}: the checkpoint holds no training state to continue from")
@@ -690,7 +692,7 @@ def error_line(error: BaseException, ppo: Any) -> str:
 def _newest_saved(folder: Path) -> tuple[Path, int] | None:
     """The run folder's newest complete checkpoint and its step, or None."""
     try:
-        checkpoint, _, _ = newest_checkpoint(folder)
+        checkpoint = newest_checkpoint(folder).checkpoint
         step = read_metadata(checkpoint).get("global_step")
     except (PackrlError, CheckpointError, OSError):
         return None
