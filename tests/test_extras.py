@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 USER_FACING = {"ray": "ray", "sb3": "stable-baselines3", "mujoco": "mujoco", "minigrid": "minigrid", "wandb": "wandb",
-               "plot": "matplotlib", "pettingzoo": "pettingzoo"}
+               "plot": "matplotlib", "pettingzoo": "pettingzoo", "sweep": "optuna"}
 SOURCES = ("tests", "examples", "benchmarks")
 FROM_SHARED_TOOLS = {"machine_line"}  # benchmarks/common.py imports it from ../shared/tools when that exists
 SCRIPTS = {p.stem for p in (ROOT / "scripts").glob("*.py")}  # tests/test_packaging.py imports scripts/build_wheels.py
