@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -263,9 +264,34 @@ def test_vec_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
 
 
-def free_port():
-    import socket
+def test_vec_address_where_no_ray_answers_is_one_line_exit_2(tmp_path):
+    """An HTTP server at the address: Ray's client would retry it for ever, printing C++ warnings (issue 42); packrl
+    asks it HTTP/2's preface first and refuses it in one line, with nothing of Ray's printed."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--backend", "ray",
+                               "--vec.address", f"127.0.0.1:{port}", "--total-steps", "64", "--out",
+                               str(tmp_path / "run")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                              env={**os.environ, "RAY_ADDRESS": ""})
+    finally:
+        server.kill()
+        server.wait()
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [line for line in done.stderr.strip().splitlines()
+                                                 if "is not a Ray cluster" in line], done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
+
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -569,17 +569,41 @@ def _init(address: str | None) -> None:
     if address not in ("auto", "local"):
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+            grpc = _speaks_grpc(host, int(port))
         except OSError as err:
             raise EnvError(f"cannot join the Ray cluster at address={address!r}: nothing answers at {host}:{port} "
                            f"within {CONNECT_TIMEOUT_S:.0f} s ({err.strerror or type(err).__name__}); start it "
                            "with `ray start --head` (docs/multinode.md)") from None
+        if not grpc:  # Ray would retry it for ever, printing its C++ client's warnings every few seconds
+            raise EnvError(f"cannot join the Ray cluster at address={address!r}: something answers at {host}:{port} "
+                           "but it is not a Ray cluster (it does not speak gRPC, as a Ray head's GCS port does); "
+                           "give the address `ray start --head` printed (docs/multinode.md)")
     try:
         ray.init(address=address)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         ray.shutdown()
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise EnvError(f"cannot join the Ray cluster at address={address!r}: {first}") from None
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
+def _speaks_grpc(host: str, port: int) -> bool:
+    """Whether ``host:port`` answers HTTP/2's connection preface with a SETTINGS frame, as every gRPC server (a
+    Ray head's GCS, a Ray Client server) must; OSError when nothing accepts the connection."""
+    with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as connection:
+        connection.sendall(HTTP2_PREFACE)
+        head = b""
+        try:
+            while len(head) < 9:
+                chunk = connection.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:  # a timeout or a reset: no HTTP/2 server
+            return False
+    return len(head) == 9 and head[3] == 0x04  # the frame type byte: SETTINGS
 
 
 def _key(spec: EnvSpec) -> tuple:
