@@ -62,5 +62,5 @@ def test_the_dashboard_shows_the_sweeps_study_in_a_headless_browser(tmp_path):
         assert "dashboard-check" in page.stdout and "History" in page.stdout
     finally:
         server.send_signal(signal.SIGTERM)
-        stdout, _ = server.communicate(timeout=30)
+        stdout, _ = server.communicate(timeout=120)
     assert server.returncode == 0 and f"http://127.0.0.1:{port}/dashboard/" in stdout

@@ -59,7 +59,7 @@ def postgres():
             time.sleep(0.3)
     yield url
     server.terminate()
-    server.wait(30)
+    server.wait(120)
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -26,7 +26,7 @@ def our_names(venv):
 
 
 def assert_clean(pids, names):
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # quiet: the workers are gone within 0.5 s of close (busy CI: 60x margin)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if alive(p)], "worker processes survived"
@@ -192,7 +192,7 @@ def test_workers_go_when_the_main_process_is_killed(context):
     assert out.returncode == -signal.SIGKILL, out.stderr
     pids, names = out.stdout.strip().split("|")
     pids = [int(p) for p in pids.split()]
-    deadline = time.monotonic() + 10  # a worker notices within one blocking wait (1 s)
+    deadline = time.monotonic() + 30  # a worker notices within one blocking wait (1 s quiet; 30x for a busy CI)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], f"workers outlived the killed main process ({context})"
