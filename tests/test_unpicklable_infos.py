@@ -59,3 +59,4 @@ def test_ray_names_the_env_and_the_info_key_as_multiprocessing_does(ray_runtime)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     _check(err, "ray worker 0 (pid ")
+    _check(err, "ray worker 0 (pid ")
