@@ -79,3 +79,15 @@ def test_the_map_check_finds_a_missing_module():
     assert _in_map(ROOT / "packrl/history.py", rows)
     assert not _in_map(ROOT / "packrl/train/rollout.py", rows)
     assert not _in_map(ROOT / "packrl/printing.py", rows)
+
+
+BENCHMARK_HELPERS = {"common.py", "targets.py", "train_continuous.py"}  # imported by the scripts, no claim of their own
+
+
+def test_benchmarks_readme_has_one_section_per_script():
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    sections = re.findall(r"^## (\S+\.py)$", text, re.M)
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name not in BENCHMARK_HELPERS)
+    assert sorted(sections) == scripts, (sorted(set(scripts) - set(sections)), sorted(set(sections) - set(scripts)))
+    for helper in BENCHMARK_HELPERS:
+        assert f"`{helper}`" in text, f"benchmarks/README.md does not say what {helper} is"
