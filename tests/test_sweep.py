@@ -94,6 +94,30 @@ def test_show_prints_the_best_trials_and_the_pareto_front_and_writes_pngs(finish
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
 
 
+def test_a_symlink_in_place_of_a_sweep_file_is_refused_and_its_target_kept(finished, space, tmp_path):
+    """sweep.json and best.toml are written as every file packrl writes: atomically, never through a symlink."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "sweep.json").symlink_to(victim)
+    done = packrl("sweep", "cartpole", "--trials", "1", "--budget", BUDGET, "--space", str(space), "--out", str(out),
+                  "--no-live")
+    assert done.returncode == 2 and "symlink" in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert victim.read_text() == "the user's file\n"
+    finished_out, _ = finished
+    (finished_out / "best.toml").unlink()
+    (finished_out / "best.toml").symlink_to(victim)
+    try:
+        shown = packrl("sweep", "show", str(finished_out))
+        assert shown.returncode == 2 and "symlink" in shown.stderr, shown.stderr
+        assert victim.read_text() == "the user's file\n"
+    finally:
+        (finished_out / "best.toml").unlink()
+        assert packrl("sweep", "show", str(finished_out)).returncode == 0  # best.toml written again, for the others
+
+
 def test_the_same_seed_proposes_the_same_first_trials_and_another_seed_others(finished, space, tmp_path):
     out, _ = finished
     first = [p for *_, p in trials(out)]

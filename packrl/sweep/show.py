@@ -4,6 +4,7 @@ settings as a config file that ``packrl train --config best.toml`` trains with a
 from __future__ import annotations
 
 import copy
+import io
 import math
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 from rich.table import Table
 
 from packrl.presets import _toml
+from packrl.run_folders import write_file
 from packrl.sweep.space import Dimension, Space
 from packrl.sweep.view import differing, fmt
 
@@ -63,8 +65,7 @@ def write_best(study: Any, space: Space | None, folder: Path) -> dict | None:
     header = [f"packrl sweep {recorded['env']}: best trial {t.number} of study {study.study_name!r}, "
               f"{recorded['objective']} = {t.value:.6g} at a budget of {recorded['budget']:,} agent steps",
               f"run folder: {t.user_attrs.get('folder', '?')}; train with: packrl train --config best.toml"]
-    path = Path(folder) / "best.toml"
-    path.write_text(config_toml(trial_config(study, t, space), header))
+    path = write_file(folder, "best.toml", config_toml(trial_config(study, t, space), header))
     return {"number": t.number, "value": t.value, "file": str(path)}
 
 
@@ -133,9 +134,8 @@ def write_plots(study: Any, out: Path, front: list, steps_key: str) -> list[Path
                 continue
             figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
             figure.set_size_inches(max(figure.get_size_inches()[0], 8), max(figure.get_size_inches()[1], 5))
-            figure.savefig(out / f"{name}.png", dpi=100, bbox_inches="tight")
+            written.append(_save_png(figure, out, f"{name}.png"))
             plt.close(figure)
-            written.append(out / f"{name}.png")
     trials = ranked(study)
     figure, ax = plt.subplots(figsize=(8, 5))
     ax.scatter([t.user_attrs.get("wall_seconds") for t in trials], [t.user_attrs.get("return") for t in trials],
@@ -148,8 +148,14 @@ def write_plots(study: Any, out: Path, front: list, steps_key: str) -> list[Path
     ax.set_ylabel("mean return at the end")
     ax.set_title(f"study {study.study_name}: return against wall time")
     ax.legend()
-    figure.savefig(out / "pareto.png", dpi=100, bbox_inches="tight")
+    written.append(_save_png(figure, out, "pareto.png"))
     plt.close(figure)
-    written.append(out / "pareto.png")
     return written
+
+
+def _save_png(figure: Any, folder: Path, name: str) -> Path:
+    """``figure`` as ``folder/name``, written as every file packrl writes (atomically, never through a symlink)."""
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100, bbox_inches="tight")
+    return write_file(folder, name, png.getvalue())
 

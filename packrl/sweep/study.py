@@ -38,6 +38,7 @@ from optuna.trial import TrialState
 
 from packrl import config as config_settings
 from packrl.errors import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, ConfigError
+from packrl.run_folders import open_append, write_file
 from packrl.sweep.objective import REPORTS
 from packrl.sweep.options import PRUNERS, SAMPLERS, SweepError, SweepOptions  # noqa: F401 - SweepError re-exported
 from packrl.sweep.show import write_best
@@ -281,7 +282,9 @@ class Sweep:
                 "pruner": self.options.pruner, "objective": self.options.objective.kind,
                 "budget": self.options.budget, "threshold": self.options.objective.threshold,
                 "config": trial_config, "folder": str(folder), "parent": os.getpid()}
-        log = open(self.folder / "trials" / f"{number:04d}.log", "w")
+        name = f"{number:04d}.log"
+        write_file(self.folder / "trials", name, "")  # created as every file packrl writes: never through a symlink
+        log = open_append(self.folder / "trials", name)
         process = subprocess.Popen([sys.executable, "-m", "packrl.sweep.trial", json.dumps(spec)],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    env=child_environment(self.url), start_new_session=True)
@@ -331,5 +334,5 @@ def run_sweep(options: SweepOptions, console: Any) -> int:
                   "storage_is_default": options.storage is None, "trials": options.trials, "budget": options.budget,
                   "jobs": options.jobs, "sampler": options.sampler, "pruner": options.pruner,
                   "objective": options.objective.text(), "seed": options.seed, "space": options.space.describe()}
-        (folder / "sweep.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_file(folder, "sweep.json", json.dumps(record, indent=1) + "\n")
         return Sweep(options, folder, url, console).run()
