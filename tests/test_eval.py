@@ -135,6 +135,14 @@ def test_render_writes_a_gif_of_one_episode(checkpoint, tmp_path, capsys):
     assert "video:" in capsys.readouterr().out
 
 
+def test_render_never_writes_through_a_symlink(checkpoint, tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    (tmp_path / "episode.gif").symlink_to(victim)
+    assert main(["eval", str(checkpoint), "--episodes", "2", "--render", str(tmp_path / "episode.gif")]) == 2
+    assert "symlink" in capsys.readouterr().err and victim.read_text() == "the user's file\n"
+
+
 def test_render_of_an_env_without_frames_is_one_line(tmp_path, capsys):
     path = save_untrained(tmp_path / "grid", "gridworld", hidden=8)
     assert main(["eval", str(path), "--episodes", "2", "--render", str(tmp_path / "x.gif")]) == 2

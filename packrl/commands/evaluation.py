@@ -19,7 +19,7 @@ from packrl.commands.arguments import EVAL_MODES as MODES
 from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import ConfigError, EnvError
 from packrl.printing import plural, progress_line, shown
-from packrl.run_folders import Found, printable
+from packrl.run_folders import Found, printable, write_file
 from packrl.train.evaluate import EvaluationError, evaluate_episodes, record_frames
 from packrl.train.run import checkpoint_vecenv, load_policy
 from packrl.train.versus import report_versus_random
@@ -134,8 +134,8 @@ def write_video(verified: object, policy: object, out: str, *, mode: str, seed: 
                               f"{os.environ.get('MUJOCO_GL', '')!r}; try MUJOCO_GL=egl or osmesa)") from None
     finally:
         vecenv.close()
-    iio.imwrite(out, frames, duration=50, loop=0)
-    return Path(out)
+    gif = iio.imwrite("<bytes>", frames, extension=Path(out).suffix, duration=50, loop=0)
+    return write_file(Path(out).parent, Path(out).name, gif)  # as every file packrl writes: never through a symlink
 
 
 def _number(x: float) -> str:
