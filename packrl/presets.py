@@ -148,8 +148,23 @@ PRESETS: tuple[Preset, ...] = (
         "self-play, 350k agent steps, seeds 0-2: greedy win against a random legal opponent >= 0.9 first at 50k, "
         "200k and 50k steps; 0.91, 0.915, 0.895 at 350k; between checks self-play swings 0.76-0.96 "
         "(benchmarks/README.md)",
-        ("pettingzoo.classic.*",),
+        ("pettingzoo.classic.*", "connect_four"),
         {"train": {"learning_rate": 1e-3, "ent_coef": 0.05}},
+    ),
+    Preset(
+        "simple-spread",
+        "MPE's simple_spread (packrl's Numba port and mpe2's): settings found by packrl sweep",
+        "packrl sweep simple_spread --trials 60 --budget 65536 --jobs 2 (TPE over the default ranges plus "
+        "normalize_rewards, hidden, critic, activation and more minibatch counts; 2026-12-05), its best trial "
+        "rounded: 32 steps, 2 minibatches, 16 epochs, lr 1.5e-3 annealed, gamma 0.98, gae_lambda 0.85, clip 0.25, "
+        "entropy 0.01, reward scaling, a separate critic of 64 relu units. The parallel-multiagent preset (MAPPO's "
+        "settings) stood at -22.5 to -24.2 greedy after 65,536 agent steps (seeds 0-2), worse than SB3's -19.9; "
+        "benchmarks/spread_learning.py measures these against SB3 on mpe2's own env",
+        ("simple_spread", "mpe2.simple_spread_v3", "pettingzoo.mpe.simple_spread_v3"),
+        {"policy": {"hidden": 64, "critic": "separate"},
+         "train": {"num_steps": 32, "learning_rate": 1.5e-3, "anneal_lr": True, "update_epochs": 16,
+                   "num_minibatches": 2, "ent_coef": 0.01, "clip_coef": 0.25, "gamma": 0.98, "gae_lambda": 0.85,
+                   "normalize_rewards": True}},
     ),
     Preset(
         "parallel-multiagent",
@@ -162,7 +177,8 @@ PRESETS: tuple[Preset, ...] = (
         {"policy": {"hidden": 64},
          "train": {"num_steps": 25, "learning_rate": 7e-4, "anneal_lr": False, "update_epochs": 10,
                    "num_minibatches": 1, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99, "gae_lambda": 0.95}},
-    ),    Preset(
+    ),
+    Preset(
         "pendulum",
         "Pendulum: rl-zoo's PPO with a separate critic, reward scaling and an initial log-std of -0.5",
         "rl-baselines3-zoo hyperparams/ppo.yml, Pendulum-v1: n_envs 4, n_steps 1024, batch_size 64 (4 * 1024 / 64 = "

@@ -30,7 +30,8 @@ def test_presets_are_chosen_from_the_env_id():
         "minigrid:MiniGrid-Empty-5x5-v0": "minigrid", "pettingzoo.classic.tictactoe_v3": "pettingzoo-classic",
         "pettingzoo.classic.connect_four_v3": "pettingzoo-classic",
         "pettingzoo.butterfly.knights_archers_zombies_v11": "parallel-multiagent",
-        "pettingzoo.sisl.pursuit_v4": "parallel-multiagent", "mpe2.simple_spread_v3": "parallel-multiagent",
+        "pettingzoo.sisl.pursuit_v4": "parallel-multiagent", "mpe2.simple_tag_v3": "parallel-multiagent",
+        "mpe2.simple_spread_v3": "simple-spread", "simple_spread": "simple-spread",
         "Pendulum-v1": "pendulum", "MountainCarContinuous-v0": "continuous-control", "HalfCheetah-v5": "continuous-control",
         "my_envs:make": None, "Acrobot-v1": "discrete-control", "MountainCar-v0": "discrete-control",
     }

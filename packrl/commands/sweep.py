@@ -11,6 +11,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packrl import config as config_settings
 from packrl.commands.arguments import description, non_negative_int, positive_int
@@ -21,6 +22,9 @@ from packrl.sweep.objective import parse_objective
 from packrl.sweep.options import PRUNERS, SAMPLERS, SweepError, SweepOptions
 from packrl.sweep.space import load_space
 from packrl.sweep.storage import masked, open_storage, password, scrub, sqlite_url
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SUBCOMMANDS = ("show", "dashboard")
 
@@ -90,15 +94,20 @@ def _fail(message: str) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     try:
         options = sweep_options(args)
         from packrl.sweep.study import run_sweep
 
-        return run_sweep(options, Console(width=None if sys.stdout.isatty() else 200))
+        return run_sweep(options, _console())
     except PackrlError as err:
         return _fail(scrub(error_line(err), args.storage) if args.storage else error_line(err))
+
+
+def _console() -> Console:
+    """The terminal's width on a terminal; piped into a log, 200 columns, so a table of parameters is not cut."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
 
 
 def sweep_options(args: argparse.Namespace) -> object:
@@ -131,8 +140,6 @@ def sweep_options(args: argparse.Namespace) -> object:
 
 def _results(name: str, args: argparse.Namespace) -> int:
     """``show`` or ``dashboard`` of a sweep folder."""
-    from rich.console import Console
-
     folder = Path(args.sweep)
     try:
         record = json.loads((folder / "sweep.json").read_text())
@@ -154,7 +161,7 @@ def _results(name: str, args: argparse.Namespace) -> int:
             return serve(storage, args.host, args.port, record["study"])
         from packrl.sweep.show import show
 
-        for path in show(study, folder, Console(), plots=not args.no_plots):
+        for path in show(study, folder, _console(), plots=not args.no_plots):
             print(f"plot: {path}")
         return 0
     except KeyError:

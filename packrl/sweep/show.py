@@ -17,7 +17,7 @@ from rich.table import Table
 from packrl.presets import _toml
 from packrl.run_folders import write_file
 from packrl.sweep.space import Dimension, Space
-from packrl.sweep.view import differing, fmt
+from packrl.sweep.view import differing, fill, fmt
 
 PLOTS = ("optimization_history", "param_importances", "slice")
 
@@ -90,24 +90,18 @@ def show(study: Any, folder: Path, console: Any, plots: bool = True) -> list[Pat
     best = ranked(study)
     recorded = study.user_attrs["packrl"]
     params = differing(best) if best else []
-    table = Table(title=f"best trials of study {study.study_name} ({recorded['objective']}, "
-                        f"{study.direction.name.lower()})", title_justify="left")
-    for name in ("trial", "value", "return", "wall s", "steps", *params):
-        table.add_column(name, justify="right")
-    for t in best[:10]:
-        table.add_row(str(t.number), fmt(t.value), fmt(t.user_attrs.get("return")), fmt(t.user_attrs.get("wall_seconds")),
-                      f"{t.user_attrs.get('agent_steps', 0):,}", *[fmt(t.params.get(p)) for p in params])
-    console.print(table)
+    rows = [[str(t.number), fmt(t.value), fmt(t.user_attrs.get("return")), fmt(t.user_attrs.get("wall_seconds")),
+             f"{t.user_attrs.get('agent_steps', 0):,}", *[fmt(t.params.get(p)) for p in params]] for t in best[:10]]
+    console.print(fill(Table(title=f"best trials of study {study.study_name} ({recorded['objective']}, "
+                                   f"{study.direction.name.lower()})", title_justify="left"),
+                       ("trial", "value", "return", "wall s", "steps", *params), rows))
     steps_key = "steps_to" if recorded["objective"].startswith("steps-to") else "agent_steps"
     front = sorted(pareto_front(best, steps_key), key=lambda t: t.user_attrs["wall_seconds"])
-    pareto = Table(title="Pareto front: return against wall time and " + ("steps to the threshold"
-                   if steps_key == "steps_to" else "agent steps"), title_justify="left")
-    for name in ("trial", "return", "wall s", "steps", "value"):
-        pareto.add_column(name, justify="right")
-    for t in front:
-        steps = t.user_attrs.get(steps_key) or t.user_attrs.get("agent_steps")
-        pareto.add_row(str(t.number), fmt(t.user_attrs["return"]), fmt(t.user_attrs["wall_seconds"]),
-                       f"{steps:,}", fmt(t.value))
+    rows = [[str(t.number), fmt(t.user_attrs["return"]), fmt(t.user_attrs["wall_seconds"]),
+             f"{t.user_attrs.get(steps_key) or t.user_attrs.get('agent_steps'):,}", fmt(t.value)] for t in front]
+    pareto = fill(Table(title="Pareto front: return against wall time and " + ("steps to the threshold"
+                  if steps_key == "steps_to" else "agent steps"), title_justify="left"),
+                  ("trial", "return", "wall s", "steps", "value"), rows)
     console.print(pareto)
     written = write_best(study, None, folder)
     if written:

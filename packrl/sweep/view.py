@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,20 @@ def differing(trials: list) -> list[str]:
         for k, v in t.params.items():
             names.setdefault(k, set()).add(repr(v))
     return [k for k, values in names.items() if len(values) > 1 or len(trials) == 1]
+
+
+def fill(table: Table, names: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """``table`` with these columns and rows: headers are the names less their section (``train.gamma`` ->
+    ``gamma``, ``1-train.gamma`` -> ``1-gamma``) where no other column has the same key; a narrow terminal cuts
+    a header before any value."""
+    keys = [re.sub(r"\b(train|policy|vec|env)\.", "", name) for name in names]
+    for c, (name, key) in enumerate(zip(names, keys)):
+        widest = max((len(row[c]) for row in rows), default=1)
+        table.add_column(key if keys.count(key) == 1 else name, justify="left" if name == "state" else "right",
+                         min_width=widest)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 class TrialView:
@@ -109,17 +124,16 @@ class TrialView:
         best = sorted(complete, key=lambda t: t.value, reverse=direction == "maximize")[:5]
         shown = sorted({t.number: t for t in [*trials[-SHOWN_TRIALS:], *best]}.values(), key=lambda t: t.number)
         params = differing(shown)
-        table = Table(title=title, title_justify="left")
-        for name in ("trial", "state", "value", "steps", "elapsed", *params):
-            table.add_column(name.replace("train.", ""), justify="right" if name not in ("state",) else "left")
+        rows = []
         for t in shown:
             steps = t.user_attrs.get("agent_steps")
             if t.state == TrialState.RUNNING and t.number in self.sweep.running:
                 steps = last_step(self.sweep.running[t.number].folder)
             state = t.state.name.lower() + (" (cut)" if t.user_attrs.get("failure") == "cut" else "")
-            table.add_row(str(t.number), state, fmt(t.value), f"{steps:,}" if steps else "-", clock(elapsed(t)),
-                          *[fmt(t.params.get(p)) for p in params])
-        return table
+            rows.append([str(t.number), state, fmt(t.value), f"{steps:,}" if steps else "-", clock(elapsed(t)),
+                         *[fmt(t.params.get(p)) for p in params]])
+        return fill(Table(title=title, title_justify="left"), ("trial", "state", "value", "steps", "elapsed", *params),
+                    rows)
 
     def update(self, trials: list) -> None:
         if self.live is not None:

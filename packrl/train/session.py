@@ -69,7 +69,7 @@ from packrl.train.plot import curve_line, plot_learning_curve
 from packrl.train.ppo import PPO, NonFiniteError, seed_everything
 from packrl.train.run import check_fits, env_creator, make_policy, make_vecenv, ppo_config, save
 from packrl.train.tracking import start as start_tracker
-from packrl.train.versus import closing_lines, is_two_player_zero_sum, training_check
+from packrl.train.versus import closing_lines, game_creator, is_two_player_zero_sum, training_check
 
 if TYPE_CHECKING:  # annotations only: the run imports torch when it starts, not when this module is read
     from packrl.train.distributed import Group
@@ -730,5 +730,5 @@ def _versus_check(env_id: str, config: dict, options: RunOptions) -> Any:
     games (``versus.training_check``), else None."""
     if options.versus_every <= 0 or not is_two_player_zero_sum(env_id):
         return None
-    creator, _ = env_creator(env_id, config["env"].get("kwargs"), "aec")
-    return training_check(creator, options.versus_games, int(config["train"].get("seed", 0)))
+    return training_check(game_creator(env_id, config["env"].get("kwargs")), options.versus_games,
+                          int(config["train"].get("seed", 0)))

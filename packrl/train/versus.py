@@ -15,6 +15,7 @@ changes the training run.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 from typing import Any, Callable
@@ -32,10 +33,24 @@ ZERO_SUM_GAMES = ("connect_four", "tictactoe", "chess", "go", "leduc_holdem", "t
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a 95% two-sided interval
 
 
+NUMBA_GAMES = ("connect_four",)
+"""packrl's Numba ports of those games (``packrl.envs``), played through their PettingZoo AEC face."""
+
+
 def is_two_player_zero_sum(env_id: str) -> bool:
-    """True for ``pettingzoo.classic.<game>_vN`` ids of the games in ZERO_SUM_GAMES."""
+    """True for ``pettingzoo.classic.<game>_vN`` ids of the games in ZERO_SUM_GAMES, and for NUMBA_GAMES."""
     match = re.fullmatch(r"pettingzoo\.classic\.([a-z_]+?)_v\d+", env_id)
-    return bool(match) and match.group(1) in ZERO_SUM_GAMES
+    return env_id in NUMBA_GAMES or (bool(match) and match.group(1) in ZERO_SUM_GAMES)
+
+
+def game_creator(env_id: str, env_kwargs: dict | None, allow_code: bool = True) -> Callable[[], Any]:
+    """A creator of one AEC env of the two-player zero-sum game ``env_id``: a Numba port's PettingZoo face, or the
+    PettingZoo env the id names."""
+    if env_id in NUMBA_GAMES:
+        from packrl.envs import pettingzoo_face  # imports Numba: only for a Numba game
+
+        return functools.partial(pettingzoo_face.aec_env, env_id)
+    return env_creator(env_id, env_kwargs, "aec", allow_code=allow_code)[0]
 
 
 def versus_random(policy: Any, env_creator: Callable[[], Any], games: int = 20, seed: int = 0,
@@ -172,8 +187,7 @@ def report_versus_random(console: Any, policy: Any, env_id: str, env_kwargs: dic
     two-player zero-sum game (else do nothing). The id is resolved as data (no code it names is run)."""
     if not is_two_player_zero_sum(env_id):
         return None
-    creator, _ = env_creator(env_id, env_kwargs, "aec", allow_code=False)
-    rates = versus_random(policy, creator, games, seed=seed, greedy=greedy)
+    rates = versus_random(policy, game_creator(env_id, env_kwargs, allow_code=False), games, seed=seed, greedy=greedy)
     console.print(f"against a uniformly random legal opponent ({games} games, {'greedy' if greedy else 'sampled'}, "
                   f"seats alternating): win {rates['win']:.2f}, draw {rates['draw']:.2f}, loss {rates['loss']:.2f}, "
                   f"reward per game {rates['reward']:+.3f} ± {rates['reward_ci95']:.3f} (95%)", highlight=False)
