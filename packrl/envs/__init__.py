@@ -7,6 +7,8 @@ multiprocessing worker. ``packrl.envs.spec(name)`` gives the :class:`NumbaEnv` i
 """
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
 from packrl.errors import EnvError
@@ -63,40 +65,15 @@ def batched(env: NumbaEnv, num_envs: int, **kwargs: Any) -> BatchedNumbaEnv:
     return BatchedNumbaEnv(env, num_envs, **kwargs)
 
 
-def _cartpole() -> NumbaEnv:
-    from packrl.envs.cartpole import spec as cartpole_spec
-
-    return cartpole_spec()
+SHIPPED = ("cartpole", "gridworld", "simple_spread", "simple_tag", "connect_four", "aim")
+"""The envs packrl ships: module ``packrl.envs.<name>`` with a ``spec()`` (imported on first use: Numba)."""
 
 
-def _gridworld() -> NumbaEnv:
-    from packrl.envs.gridworld import spec as gridworld_spec
-
-    return gridworld_spec()
+def _shipped(name: str) -> NumbaEnv:
+    return importlib.import_module(f"packrl.envs.{name}").spec()
 
 
-def _simple_spread() -> NumbaEnv:
-    from packrl.envs.simple_spread import spec as simple_spread_spec
-
-    return simple_spread_spec()
-
-
-def _connect_four() -> NumbaEnv:
-    from packrl.envs.connect_four import spec as connect_four_spec
-
-    return connect_four_spec()
-
-
-def _aim() -> NumbaEnv:
-    from packrl.envs.aim import spec as aim_spec
-
-    return aim_spec()
-
-
-register("cartpole", _cartpole)
-register("gridworld", _gridworld)
-register("simple_spread", _simple_spread)
-register("connect_four", _connect_four)
-register("aim", _aim)
+for _name in SHIPPED:
+    register(_name, functools.partial(_shipped, _name))
 
 __all__ = ["BatchedNumbaEnv", "NumbaEnv", "batched", "make", "names", "register", "spec"]

@@ -20,8 +20,11 @@ agents have all ended is reset in the same step (``autoreset = True``). ``rng`` 
 
 Rows: agent ``a`` of copy ``i`` is row ``i * num_agents_per_copy + a``; ``emulated`` holds one copy's groups (rows
 ``0 .. agents - 1``), ``possible_agents`` one copy's agents, ``agents_per_env`` their count: as
-``vector.make(pettingzoo_env, num_envs, backend="serial")``. All agents share ``observation_space`` and
-``action_space`` (one group); agents with different spaces are not supported yet.
+``vector.make(pettingzoo_env, num_envs, backend="serial")``. All agents share ``action_space``. Agents with
+different observation spaces (``observation_space={agent: space}``) fall into groups as emulation groups a
+PettingZoo env's agents, each group's agents adjacent in ``agents``; the rows are then packed bytes as wide as
+the widest group's, and the kernels get ``obs`` as a tuple with one entry per group, in order of first appearance
+(``obs[g][k]`` is the ``k``-th agent of group ``g``; a Dict group's entry holds its leaves by name).
 
 Turn-based games (``NumbaEnv(..., turns=True)``, laid out as ``vector.make`` lays out an emulated AEC env):
 ``live`` marks the one agent due to move; ``reset`` and every ``step`` set it (``live[a] = a == mover``) and write
@@ -32,35 +35,106 @@ agent's last observation goes to ``final_observations`` with its flags and held 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from packrl._codegen import Code
-from packrl.emulation.emulated import group_agents
+from packrl.emulation.emulated import Emulated, group_agents
+from packrl.emulation.layout import Layout
 from packrl.emulation.rows import row_format
 from packrl.env_protocol import Batch
 from packrl.envs.numba_env import _HEADER as _SINGLE_HEADER
-from packrl.envs.numba_env import BatchedNumbaEnv, KernelSource, NumbaEnv, _as_shape, leaf_problem, with_time_limit
+from packrl.envs.numba_env import (
+    BatchedNumbaEnv,
+    KernelSource,
+    LeafCheck,
+    NumbaEnv,
+    _as_shape,
+    leaf_checks,
+    leaf_problem,
+    with_time_limit,
+)
 from packrl.envs.rng import RNG_WORDS
 from packrl.errors import EnvError
 
 _HEADER = _SINGLE_HEADER.replace("packrl.envs.numba_env for", "packrl.envs.numba_agents for") + "A = {agents}\n"
 
 
+@dataclass(frozen=True)
+class GroupSource:
+    """One agent group's part of the kernels: its agents' rows in a copy (``first`` .. ``first + count - 1``)
+    and its observation leaves' checks. A lone-Box group (``bare``) reaches the kernel as its view itself, a Dict
+    or Tuple group as a record of leaf views (``Obs<index>``)."""
+
+    index: int
+    first: int
+    count: int
+    layout: Layout
+    checks: tuple[LeafCheck, ...]
+
+    @property
+    def bare(self) -> bool:
+        return self.layout.box is not None
+
+    def arg(self, check: LeafCheck) -> str:
+        return f"o{self.index}_{check.index}"
+
+    def bound(self, side: str, check: LeafCheck) -> str:
+        return f"{side}_{self.index}_{check.index}"
+
+    def record(self) -> str:
+        return "" if self.bare else f'Obs{self.index} = record("Obs{self.index}", {tuple(c.field for c in self.checks)!r})\n'
+
+    def expr(self) -> str:
+        if self.bare:
+            return f"{self.arg(self.checks[0])}[i]"
+        return f"Obs{self.index}(" + ", ".join(f"{self.arg(c)}[i]" for c in self.checks) + ")"
+
+
+def group_sources(env: NumbaEnv, emulated: Emulated) -> tuple[GroupSource, ...]:
+    """The kernels' view of each agent group; EnvError when a group's agents are not adjacent in ``agents``."""
+    groups = []
+    for g in emulated.groups:
+        first, count = g.rows[0], len(g.rows)
+        if tuple(g.rows) != tuple(range(first, first + count)):
+            raise EnvError(f"numba env {env.name!r}: agents {list(g.agents)} share an observation space but are not "
+                           f"adjacent in agents={list(env.agents)}; order the agents so that each group's are")
+        groups.append(GroupSource(g.index, first, count, g.observation, leaf_checks(env, g.observation)))
+    return tuple(groups)
+
+
 class AgentsKernelSource(KernelSource):
     """The batched kernels of a NumbaEnv with agents: per copy, the user step over its agents' views, then the
-    end of each agent that ended (final row, zeroed row, mask off), and the copy's reset when none is left."""
+    end of each agent that ended (final row, zeroed row, mask off), and the copy's reset when none is left.
+    ``coded`` lists every checked leaf of every group; a bad element records its position there."""
+
+    def __init__(self, env: NumbaEnv, emulated: Emulated, passthrough: bool):
+        super().__init__(env, emulated.observation, emulated.action, passthrough)
+        if not passthrough:
+            self.row_shape = (emulated.nbytes,)
+        self.groups = group_sources(env, emulated)
+        self.coded = tuple((g, c) for g in self.groups for c in g.checks)
+        self.checks = tuple(c for _, c in self.coded)
+        self.constants = {}
+        for g, c in self.coded:
+            if c.kind == "range":
+                self.constants[g.bound("LOW", c)], self.constants[g.bound("HIGH", c)] = c.low, c.high
+
+    @property
+    def obs_args(self) -> list[str]:
+        return [g.arg(c) for g, c in self.coded]
 
     def _buffers(self) -> list[str]:
         return ["observations", *self.obs_args, "final_observations", "rng", "rewards", "terminals",
                 "truncations", "masks", "before", "pending", "lengths", "bad"]
 
     def _obs_expr(self) -> str:
-        if self.passthrough:
-            return "o_0[i]"
-        return "Obs(" + ", ".join(f"{o}[i]" for o in self.obs_args) + ")"
+        if len(self.groups) == 1:
+            return self.groups[0].expr()
+        return "(" + ", ".join(g.expr() for g in self.groups) + ")"
 
     def _action_expr(self) -> str:
         rows = "i * A:(i + 1) * A"
@@ -68,17 +142,19 @@ class AgentsKernelSource(KernelSource):
 
     def _agent_checks(self, code: Code, code_offset: int, rows: str) -> None:
         """Check the leaves of the agents ``a`` of copy ``i`` where ``rows`` holds: a bad element records
-        ``(leaf + code_offset) * A + a`` in ``bad[i]`` and sets ``c = -1``."""
-        for c in self.checks:
+        ``(position in coded + code_offset) * A + a`` in ``bad[i]`` and sets ``c = -1``."""
+        for q, (g, c) in enumerate(self.coded):
             if c.kind == "none":
                 continue
-            with code.block("for a in range(A):"), code.block(f"if {rows}:"), \
-                    code.loops(c.leaf.shape or (1,), var="j") as inner:
-                x = f"x{c.index}"
-                code(f"{x} = o_{c.index}[i, a, {inner}]")
-                cond = f"{x} != {x}" if c.kind == "nan" else f"{x} < LOW_{c.index}[{inner}] or {x} > HIGH_{c.index}[{inner}]"
-                with code.block(f"if {cond}:"):
-                    code(f"bad[i] = ({code_offset + c.index}) * A + a", "c = -1")
+            with code.block(f"for k in range({g.count}):"):
+                code(f"a = {g.first} + k")
+                with code.block(f"if {rows}:"), code.loops(c.leaf.shape or (1,), var="j") as inner:
+                    x = f"x{q}"
+                    code(f"{x} = {g.arg(c)}[i, k, {inner}]")
+                    cond = f"{x} != {x}" if c.kind == "nan" else \
+                        f"{x} < {g.bound('LOW', c)}[{inner}] or {x} > {g.bound('HIGH', c)}[{inner}]"
+                    with code.block(f"if {cond}:"):
+                        code(f"bad[i] = ({code_offset + q}) * A + a", "c = -1")
 
     def _row_loops(self, code: Code, line: str) -> None:
         with code.loops(self.row_shape, var="j") as inner:
@@ -135,7 +211,7 @@ class AgentsKernelSource(KernelSource):
 
     def source(self) -> str:
         env = self.env
-        obs_class = "" if self.passthrough else f'Obs = record("Obs", {tuple(c.field for c in self.checks)!r})\n'
+        obs_class = "".join(g.record() for g in self.groups)
         action_class = 'Action = record("Action", ("discrete", "continuous"))\n' if self.action.kind == "hybrid" else ""
         nleaves = len(self.checks)
         code = Code()
@@ -202,15 +278,14 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         self.seed = int(seed)
         self.episode_infos = False  # PPO counts returns from the rows; per-copy episode infos are not kept
         self.possible_agents = self.agents = tuple(env.agents)
-        self.emulated = group_agents(self.agents, dict.fromkeys(self.agents, env.observation_space),
+        self.emulated = group_agents(self.agents, {agent: env.observation_space_of(agent) for agent in self.agents},
                                      dict.fromkeys(self.agents, env.action_space))
-        layout, action = self.emulated.observation, self.emulated.action
         self.passthrough, self.single_observation_space, obs_shape, obs_dtype = row_format(self.emulated)
-        self.single_action_space = action.policy_space
+        self.single_action_space = self.emulated.action.policy_space
         self.observation_space = batch_space(self.single_observation_space, self.num_agents)
         self.action_space = batch_space(self.single_action_space, self.num_agents)
         self.closed = False
-        self._setup_kernels(AgentsKernelSource(env, layout, action, self.passthrough), threads)
+        self._setup_kernels(AgentsKernelSource(env, self.emulated, self.passthrough), threads)
 
         rows = self.num_agents
         self.observations = np.zeros((rows, *obs_shape), obs_dtype)
@@ -231,15 +306,20 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         self.compile_records = self._compile()
 
     def _bind(self) -> None:
-        """Per-leaf typed views ``(copies, agents, *leaf)`` of the rows, and the kernels' argument tuples."""
-        n, per, layout = self.num_envs, self.agents_per_env, self.emulated.observation
+        """Per-group, per-leaf typed views ``(copies, group's agents, *leaf)`` of the rows, and the kernels'
+        argument tuples."""
+        n, per = self.num_envs, self.agents_per_env
         by_copy = self.observations.reshape(n, per, *self.observations.shape[1:])
-        if self.passthrough:
-            leaves = [by_copy if by_copy.ndim > 2 else by_copy.reshape(n, per, 1)]
-        else:
-            leaves = [by_copy[:, :, leaf.offset: leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(
-                (n, per, *(leaf.shape or (1,)))) for leaf in layout.leaves]
-        self.leaf_views = dict(zip((c.field for c in self._source.checks), leaves))
+        self.group_views: list[dict[str, np.ndarray]] = []
+        for g in self._source.groups:
+            rows = by_copy[:, g.first: g.first + g.count]
+            if self.passthrough:
+                views = {g.checks[0].field: rows if rows.ndim > 2 else rows.reshape(n, g.count, 1)}
+            else:
+                views = {c.field: rows[:, :, c.leaf.offset: c.leaf.offset + c.leaf.nbytes].view(c.leaf.dtype).reshape(
+                    (n, g.count, *(c.leaf.shape or (1,)))) for c in g.checks}
+            self.group_views.append(views)
+        leaves = [self.group_views[g.index][c.field] for g, c in self._source.coded]
         final = self.final_observations.reshape(by_copy.shape)
         two = (n, per)
         buffers = (by_copy, *leaves, final, self.rng, self.rewards.reshape(two), self.terminals.reshape(two),
@@ -274,10 +354,10 @@ class BatchedNumbaAgents(BatchedNumbaEnv):
         i = int(rows[0])
         code, agent = divmod(int(self._bad[i]), self.agents_per_env)
         self._bad[rows] = -1
-        nleaves = len(self._source.checks)
+        nleaves = len(self._source.coded)
         where = "reset (after its agents ended)" if (phase == "step" and code >= nleaves) else phase
-        check = self._source.checks[code % nleaves]
-        what = leaf_problem(check, self.leaf_views[check.field][i, agent])
+        group, check = self._source.coded[code % nleaves]
+        what = leaf_problem(check, self.group_views[group.index][check.field][i, agent - group.first])
         others = f"; {len(rows) - 1} other copies failed too" if len(rows) > 1 else ""
         raise EnvError(f"numba env {self.name!r}, env index {i}, agent {self.agents[agent]!r}: its {where} kernel "
                        f"wrote {what} into observation leaf {check.leaf.name!r} ({check.leaf.space}){others}. "

@@ -89,7 +89,9 @@ class NumbaEnv:
     observation leaves hold NaN (refused by default: a NaN observation is almost always a bug)."""
 
     name: str
-    observation_space: spaces.Space
+    observation_space: spaces.Space | Mapping[str, spaces.Space]
+    """One space for every agent, or (with ``agents``) ``{agent: space}``: agents with different observation
+    spaces, grouped as emulation groups a PettingZoo env's agents, each group's agents adjacent in ``agents``."""
     action_space: spaces.Space
     state: Mapping[str, tuple]
     reset: Any
@@ -125,6 +127,25 @@ class NumbaEnv:
             raise EnvError(f"numba env {self.name!r}: agents must be distinct non-empty names, got {list(self.agents)}")
         if self.max_episode_steps is not None and int(self.max_episode_steps) <= 0:
             raise EnvError(f"numba env {self.name!r}: max_episode_steps must be positive, got {self.max_episode_steps}")
+        if not isinstance(self.action_space, spaces.Space):
+            raise EnvError(f"numba env {self.name!r}: action_space must be one gymnasium Space, shared by the agents "
+                           f"(per-agent action spaces are not supported), got {type(self.action_space).__name__}")
+        if not isinstance(self.observation_space, spaces.Space):  # {agent: space} (a spaces.Dict is one space)
+            if not isinstance(self.observation_space, Mapping) or not all(
+                    isinstance(v, spaces.Space) for v in self.observation_space.values()):
+                raise EnvError(f"numba env {self.name!r}: observation_space must be a gymnasium Space or "
+                               f"{{agent: Space}}, got {type(self.observation_space).__name__}")
+            if not self.agents:
+                raise EnvError(f"numba env {self.name!r}: observation spaces per agent need agents=(...)")
+            if set(self.observation_space) != set(self.agents):
+                raise EnvError(f"numba env {self.name!r}: observation_space has agents {sorted(self.observation_space)}, "
+                               f"agents are {list(self.agents)}")
+
+    def observation_space_of(self, agent: str) -> spaces.Space:
+        """The observation space of one agent."""
+        if isinstance(self.observation_space, spaces.Space):
+            return self.observation_space
+        return self.observation_space[agent]
 
 
 def _as_shape(shape: Any) -> tuple:

@@ -36,15 +36,18 @@ class OneCopy:
         self.batched = batched(spec, 1, seed=seed, threads=1, **kwargs)
         self.possible_agents = list(spec.agents) if spec.agents else [SINGLE_AGENT]
         self.row = {agent: row for row, agent in enumerate(self.possible_agents)}
-        self.observation_spaces = {agent: spec.observation_space for agent in self.possible_agents}
+        self.observation_spaces = {agent: spec.observation_space_of(agent) for agent in self.possible_agents}
         self.action_spaces = {agent: spec.action_space for agent in self.possible_agents}
-        self.layout, self.action = self.batched.emulated.observation, self.batched.emulated.action
+        emulated = self.batched.emulated
+        self.layouts = {agent: emulated.groups[emulated.row_group[row]].observation for agent, row in self.row.items()}
+        self.action = emulated.action
 
-    def native(self, row: np.ndarray) -> Any:
-        """The native observation of one row (a copy)."""
+    def native(self, agent: Any, row: np.ndarray) -> Any:
+        """The native observation of ``agent`` in its row (a copy)."""
         if self.batched.passthrough:
             return row.copy()
-        return self.layout.to_native(self.layout.unpack(row))
+        layout = self.layouts[agent]
+        return layout.to_native(layout.unpack(row[: layout.nbytes]))
 
     def alive(self) -> list:
         """The agents whose rows are live, in row order."""
@@ -96,7 +99,7 @@ class NumbaParallelEnv(ParallelEnv):
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         rows, _ = self.batched.reset(seed=seed)
         self.agents = self.copy.alive()
-        return {agent: self.copy.native(rows[self.copy.row[agent]]) for agent in self.agents}, \
+        return {agent: self.copy.native(agent, rows[self.copy.row[agent]]) for agent in self.agents}, \
             {a: {} for a in self.agents}
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
@@ -118,14 +121,14 @@ class NumbaParallelEnv(ParallelEnv):
         for agent in before:
             row = self.copy.row[agent]
             ended = bool(terminals[row] or truncations[row])
-            obs[agent] = self.copy.native(final[row] if ended else rows[row])
+            obs[agent] = self.copy.native(agent, final[row] if ended else rows[row])
             rew[agent] = float(rewards[row])
             term[agent], trunc[agent] = bool(terminals[row]), bool(truncations[row])
         over = all(term[a] or trunc[a] for a in before) if not self.numba_env.agents else self.batched.episode_steps[0] == 0
         self.agents = [] if over else self.copy.alive()
         for agent in self.agents:
             if agent not in obs:  # joined at this step
-                obs[agent] = self.copy.native(rows[self.copy.row[agent]])
+                obs[agent] = self.copy.native(agent, rows[self.copy.row[agent]])
         return obs, rew, term, trunc, {agent: {} for agent in before}
 
     def render(self) -> None:
@@ -164,7 +167,7 @@ class NumbaAECEnv(AECEnv):
         return self._obs[agent]
 
     def _read(self, rows: np.ndarray) -> None:
-        self._obs = {agent: self.copy.native(rows[row]) for agent, row in self.copy.row.items()}
+        self._obs = {agent: self.copy.native(agent, rows[row]) for agent, row in self.copy.row.items()}
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         rows, _ = self.batched.reset(seed=seed)
