@@ -2,6 +2,7 @@
 gives equal rows (observation planes and action masks), masks (only the mover's row), rewards and flags, through
 wins, games in progress and same-step resets."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pettingzoo.classic import connect_four_v3
@@ -65,3 +66,26 @@ def test_only_the_movers_row_is_shown():
     obs, *_ = env.step(np.array([3, 0, 3, 0]))
     assert env.masks.tolist() == [False, True, False, True]
     assert not obs[0].any() and obs[1].any()
+
+
+@pytest.mark.slow
+def test_self_play_with_the_defaults_beats_a_random_opponent(one_torch_thread):
+    """`packrl train connect_four` (the pettingzoo-classic preset, self-play) for 1M agent steps on seeds 0-2, each
+    policy playing 200 greedy games against a uniformly random legal opponent on PettingZoo's own connect_four_v3
+    (seats alternating): issue 40's 0.9 win rate with a margin on the mean, and no seed far below it (measured:
+    0.95, 0.98, 0.94 over 400 games; about 80 s of training a seed on one core)."""
+    from packrl import config as settings_
+    from packrl.train.run import build_ppo
+    from packrl.train.versus import versus_random
+
+    wins = []
+    for seed in range(3):
+        config, preset = settings_.resolve(flags={"env": {"id": "connect_four"},
+                                                  "train": {"seed": seed, "total_steps": 1_000_000}})
+        assert preset.name == "pettingzoo-classic"
+        ppo = build_ppo(config)
+        ppo.train(1_000_000)
+        ppo.env.close()
+        wins.append(versus_random(ppo.policy, connect_four_v3.env, games=200, seed=123, greedy=True)["win"])
+    assert min(wins) >= 0.88, wins
+    assert np.mean(wins) >= 0.92, wins

@@ -171,6 +171,27 @@ def test_median_pruning_stops_weak_trials_early_with_a_checkpoint(space, tmp_pat
     assert min(steps) < 8192  # stopped before the budget (one pruned near the last report point may still reach it)
 
 
+def test_a_steps_to_trial_stops_once_it_reaches_the_threshold(space, tmp_path):
+    """With --objective steps-to, a trial's value is known the moment its mean return reaches the threshold: it stops
+    there (a checkpoint saved), COMPLETE, its value the steps it took; one that never reaches it runs the budget."""
+    out = tmp_path / "reach"
+    done = packrl("sweep", "cartpole", "--trials", "3", "--budget", "16384", "--space", str(space), "--pruner", "none",
+                  "--objective", "steps-to:40", "--out", str(out), "--no-live")
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(out / "study.db") as db:
+        values = dict(db.execute("select t.number, v.value from trials t join trial_values v using (trial_id)"))
+    assert len(values) == 3 and all(s == "COMPLETE" for _, s, *_ in trials(out))
+    stopped = 0
+    for n, value in values.items():
+        rows = [json.loads(line) for line in (out / "trials" / f"{n:04d}" / "history.jsonl").read_text().splitlines()]
+        last = rows[-1]["global_step"]
+        assert (out / "trials" / f"{n:04d}" / "checkpoint" / "metadata.json").is_file()
+        if value < 16384:  # reached: it stopped after that step (CartPole's iterations take milliseconds, the
+            assert value <= last, (value, last)  # watcher reads the history every 50 ms: some ran on past it)
+            stopped += last < 16384
+    assert stopped >= 1, values  # CartPole's random play scores about 22: 40 is reached early
+
+
 def _children(pid):
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -1,9 +1,10 @@
 """One trial of a sweep, in a process of its own (``python -m packrl.sweep.trial SPEC``): an ordinary packrl run
 (``train_run``, one torch thread) in the trial's run folder, watched by a thread that reads its history.jsonl as it
 grows, reports the objective's intermediate value to Optuna at each report point and stops the run when the
-pruner says so (SIGTERM to itself: the run saves its checkpoint at the end of the iteration, as ``packrl train``
-does). The trial tells Optuna its own end: COMPLETE with its value, PRUNED, or FAIL for an error. Stopped from
-outside (the sweep's SIGTERM, or a sweep that is gone) it tells nothing: the sweep marks it failed.
+pruner says so, or (``steps-to``) once the run reached the threshold and its value is known (SIGTERM to itself: the
+run saves its checkpoint at the end of the iteration, as ``packrl train`` does). The trial tells Optuna its own
+end: COMPLETE with its value, PRUNED, or FAIL for an error. Stopped from outside (the sweep's SIGTERM, or a sweep
+that is gone) it tells nothing: the sweep marks it failed.
 
 SPEC is JSON: study, trial_id, number, pruner, objective, budget, threshold, config, folder, parent.
 The database URL comes in the environment (``storage.STORAGE_ENV``), never on the command line.
@@ -42,7 +43,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.history, self.trial, self.objective, self.parent = history, trial, objective, parent
         self.rows: list[dict] = []
-        self.pruned = self.orphaned = False
+        self.pruned = self.orphaned = self.reached = False
         self.done = threading.Event()
         self._offset = 0
         self._points = report_points(objective.budget)
@@ -59,7 +60,11 @@ class Watcher(threading.Thread):
             self.orphaned = True
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        if not self.rows or self.pruned:
+        if not self.rows or self.pruned or self.reached:
+            return
+        if self.objective.threshold is not None and steps_to(self.rows, self.objective.threshold) is not None:
+            self.reached = True  # its value is known: the rest of the budget could not change it
+            os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of the iteration under way, with a checkpoint
             return
         step = int(self.rows[-1].get("global_step", 0))
         reported = False
@@ -121,7 +126,7 @@ def run_trial(spec: dict) -> int:
         _note(trial, **attrs)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return 0
-    if code == 0:
+    if code == 0 or watcher.reached:
         watcher.step()  # the report points the last iteration crossed
         value = objective.value(rows)
         _note(trial, **attrs)
