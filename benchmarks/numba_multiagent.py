@@ -2,7 +2,9 @@
 serial backend (vector.make of the emulated ParallelEnv), side by side in one run, at 64 copies on one core;
 the Numba env alone at 4096 copies on one core (threads=1); then the Numba connect_four next to PettingZoo's
 connect_four_v3 through the serial backend at 64 copies (moves/s: copies x steps; each step's legal random moves are
-drawn outside the timed step call, from the rows' action masks, for both alike).
+drawn outside the timed step call, from the rows' action masks, for both alike); then the Numba simple_tag (two
+agent groups: observations of 16 and 14 floats, packed rows) next to mpe2's simple_tag_v3 through the serial
+backend at 64 copies (agent-steps/s, 4 agents per copy).
 
 Targets (issue 40): >= 100x mpe2 through the serial backend at 64 copies; >= 10M agent-steps/s at 4096 copies;
 connect_four >= 100x PettingZoo's through packrl.
@@ -18,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 from common import machine_line
-from mpe2 import simple_spread_v3
+from mpe2 import simple_spread_v3, simple_tag_v3
 from pettingzoo.classic import connect_four_v3
 
 from packrl import vector
@@ -79,6 +81,27 @@ def main() -> None:
     print(f"numba at 4096 copies, one thread: median {statistics.median(big) / 1e6:.2f}M agent-steps per wall second, "
           f"{statistics.median(big_cpu) / 1e6:.2f}M per CPU second (target >= 10M)")
     connect_four(args.repeats, args.seconds)
+    simple_tag(args.repeats, args.seconds)
+
+
+def simple_tag(repeats: int, seconds: float) -> None:
+    n, agents = 64, 4
+    built = {"mpe2 simple_tag_v3, serial backend": vector.make(lambda: simple_tag_v3.parallel_env(), n,
+                                                                backend="serial", seed=0),
+             "packrl numba simple_tag, threads=1": vector.make("simple_tag", n, backend="numba", seed=0, threads=1)}
+    actions = np.random.default_rng(0).integers(0, 5, (8, n * agents))
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    for env in built.values():
+        env.reset(seed=0)
+    for _ in range(repeats):
+        for name, env in built.items():
+            rates[name].append(timed(env.step, actions, n * agents, min(seconds, 1.0) if "mpe2" in name else seconds)[0])
+    print(f"\nsimple_tag at {n} copies (two agent groups), agent-steps/s, median [min-max]:")
+    for name, r in rates.items():
+        print(f"  {name:<52} {statistics.median(r) / 1e6:8.3f}M [{min(r) / 1e6:.3f}-{max(r) / 1e6:.3f}]")
+    ref, ours = rates.values()
+    pairs = sorted(o / r for r, o in zip(ref, ours))
+    print(f"numba / mpe2, paired by round: median {statistics.median(pairs):.0f}x [{pairs[0]:.0f}-{pairs[-1]:.0f}]")
 
 
 def moves_per_second(env: Any, n: int, seconds: float, rng: np.random.Generator) -> float:

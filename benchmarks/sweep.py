@@ -68,7 +68,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="fresh seeds each best trial is re-run on")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--acrobot", action="store_true", help="the Acrobot-v1 search-quality target instead")
+    parser.add_argument("--rerun-steps", type=int, default=None,
+                        help="steps of each re-run (default: twice the budget); a re-run that never reaches the "
+                             "threshold counts as this many")
     args = parser.parse_args()
+    rerun = args.rerun_steps or args.budget * 2
     smoke = args.trials < 40 or args.seeds < 3
     print(("SMOKE RUN (too small to decide the targets): " if smoke else "") +
           f"{args.trials} trials x {args.budget:,} steps, {args.seeds} re-run seed(s)")
@@ -77,21 +81,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         pruners = ("median",) if args.acrobot else ("median", "none")
-        results = {p: sweep(env, tmp / p, args.trials, args.budget, p, objective, args.jobs, seed=0) for p in pruners}
+        results = {}
+        for p in pruners:
+            results[p] = sweep(env, tmp / p, args.trials, args.budget, p, objective, args.jobs, seed=0)
+            print(f"  sweep, pruner {p}: {results[p]['complete']} complete, {results[p]['pruned']} pruned, "
+                  f"{results[p]['steps']:,} agent steps, {results[p]['wall']:.0f} s; {results[p]['best']}", flush=True)
         rows = []
         for name, r in results.items():
-            reached = [steps_to(r["config"], 1000 + s, threshold, args.budget * 2, tmp / f"rerun-{name}")
+            reached = [steps_to(r["config"], 1000 + s, threshold, rerun, tmp / f"rerun-{name}")
                        for s in range(args.seeds)] if r["config"].is_file() else []
-            median = statistics.median([x if x is not None else args.budget * 2 for x in reached]) if reached else None
+            print(f"  {name}: re-runs reached {threshold:g} at {reached}", flush=True)
+            median = statistics.median([x if x is not None else rerun for x in reached]) if reached else None
             rows.append([f"pruner {name}", r["complete"], r["pruned"], f"{r['steps']:,}", r["wall"],
                          f"{median:,.0f}" if median is not None else "-"])
         if args.acrobot:  # packrl's defaults, re-run the same way
             defaults = tmp / "defaults.toml"
             defaults.write_text(f'[env]\nid = "{env}"\n')
-            reached = [steps_to(defaults, 1000 + s, threshold, args.budget * 2, tmp / "rerun-defaults")
+            reached = [steps_to(defaults, 1000 + s, threshold, rerun, tmp / "rerun-defaults")
                        for s in range(args.seeds)]
-            rows.append(["packrl defaults", "-", "-", "-", 0.0,
-                         f"{statistics.median([x or args.budget * 2 for x in reached]):,.0f}"])
+            print(f"  packrl defaults: re-runs reached {threshold:g} at {reached}", flush=True)
+            rows.append(["packrl defaults (= rl-zoo's Acrobot-v1 PPO: the discrete-control preset)", "-", "-", "-", 0.0,
+                         f"{statistics.median([x or rerun for x in reached]):,.0f}"])
     print_table(f"packrl sweep on {env}: {objective}", ["sweep", "complete", "pruned", "agent steps", "wall s",
                 f"median steps to {threshold:g} (re-runs)"], rows)
     if not args.acrobot:

@@ -139,3 +139,16 @@ def test_agents_of_one_group_must_be_adjacent():
     mixed = ("adversary_0", "agent_0", "adversary_1", "adversary_2")
     with pytest.raises(EnvError, match="not adjacent"):
         envs.batched(dataclasses.replace(spec, agents=mixed), 1)
+
+
+@pytest.mark.parametrize("env_id", ["simple_tag", "mpe2.simple_tag_v3"])
+def test_packrl_train_refuses_agents_with_different_spaces_in_one_line(env_id, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "packrl", "train", env_id, "--total-steps", "1000", "--no-live",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "different spaces" in lines[0] and "adversary_0/adversary_1/adversary_2" in lines[0], lines
+    assert not (tmp_path / "run" / "checkpoint").exists()

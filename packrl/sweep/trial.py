@@ -62,9 +62,14 @@ class Watcher(threading.Thread):
             return
         if not self.rows or self.pruned or self.reached:
             return
-        if self.objective.threshold is not None and steps_to(self.rows, self.objective.threshold) is not None:
+        reached = steps_to(self.rows, self.objective.threshold) if self.objective.threshold is not None else None
+        if reached is not None:
             self.reached = True  # its value is known: the rest of the budget could not change it
             os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of the iteration under way, with a checkpoint
+            # and the pruner compares later trials at every point with this one's value, as if it had run on
+            while self._next < len(self._points):
+                self._next += 1
+                self.trial.report(float(reached), self._next)
             return
         step = int(self.rows[-1].get("global_step", 0))
         reported = False

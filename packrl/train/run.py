@@ -149,7 +149,13 @@ def _packrl_env_names() -> list[str]:
 
 def make_policy(vecenv: Any, policy: PolicyConfig | Mapping) -> torch.nn.Module:
     """The policy ``policy`` describes on ``vecenv``'s layouts. A mapping (a config's ``[policy]`` section) is
-    checked and typed by its settings first (``packrl.config.policy_config``): every default is PolicyConfig's."""
+    checked and typed by its settings first (``packrl.config.policy_config``): every default is PolicyConfig's.
+    ConfigError for an env whose agents fall into groups with different spaces: PPO trains one policy for all rows."""
+    groups = vecenv.emulated.groups
+    if len(groups) > 1:
+        raise ConfigError(f"packrl trains one policy for all agents, and this env's agents have different spaces "
+                          f"({len(groups)} groups: {', '.join('/'.join(map(str, g.agents)) for g in groups)}): not "
+                          "supported yet (in Python, Policy.per_group(env) builds one policy per group)")
     return Policy.from_env(vecenv, config_settings.policy_config(policy))
 
 
