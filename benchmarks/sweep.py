@@ -26,6 +26,8 @@ from pathlib import Path
 
 from common import machine_line, print_table
 
+from packrl.sweep.objective import steps_to as objective_steps_to
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,17 +50,14 @@ def sweep(env: str, out: Path, trials: int, budget: int, pruner: str, objective:
 
 
 def steps_to(config: Path, seed: int, threshold: float, total: int, out: Path) -> int | None:
-    """Train ``config`` on ``seed`` for ``total`` steps; the agent steps at which the mean return first reached
-    ``threshold`` (None: never)."""
+    """Train ``config`` on ``seed`` for ``total`` steps; the agent steps at which the mean return of the last 20
+    episodes first reached ``threshold`` (None: never)."""
     run = out / f"seed{seed}"
     subprocess.run([sys.executable, "-m", "packrl", "train", "--config", str(config), "--seed", str(seed),
                     "--total-steps", str(total), "--out", str(run), "--no-live"], capture_output=True, cwd=ROOT,
                    check=True)
-    for line in (run / "history.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if isinstance(row.get("episode_return"), float) and row["episode_return"] >= threshold:
-            return int(row["global_step"])
-    return None
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    return objective_steps_to(rows, threshold)  # the sweep's own rule: the mean of the last 20 episodes
 
 
 def main() -> None:

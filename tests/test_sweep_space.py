@@ -102,9 +102,16 @@ def test_any_float_range_is_either_searchable_inside_its_bounds_or_refused(low, 
 
 
 def test_objectives_from_history_rows():
-    rows = [{"global_step": 100 * i, "episode_return": float(r)} for i, r in enumerate([1, 5, 9, 12, 8, 20, 30, 25, 40, 50], 1)]
+    rows = [{"global_step": 100 * i, "episode_return": float(r), "episodes": 10}
+            for i, r in enumerate([1, 5, 9, 12, 8, 20, 30, 25, 40, 50], 1)]
     assert Objective("return", 1000).value(rows) == 50.0  # the last tenth of the steps: the last iteration
-    assert Objective("steps-to", 1000, 12).value(rows) == 400.0
+    # the mean of the last 20 episodes: (9 + 12) / 2 at step 400, (12 + 8) / 2 at 500, (8 + 20) / 2 at 600
+    assert Objective("steps-to", 1000, 10.5).value(rows) == 400.0
+    assert Objective("steps-to", 1000, 12).value(rows) == 600.0  # one iteration at 12 is not a mean of 20 at 12
+    few = [{"global_step": 100, "episode_return": 500.0, "episodes": 1}, {"global_step": 200, "episode_return": 9.0,
+           "episodes": 25}, {"global_step": 300, "episode_return": 500.0, "episodes": 15},
+           {"global_step": 400, "episode_return": 500.0, "episodes": 15}]
+    assert Objective("steps-to", 1000, 475).value(few) == 400.0  # not at 100 (one episode) nor 300 (5 of 9)
     assert Objective("steps-to", 1000, 99).value(rows) == 1000.0  # never reached: capped at the budget
     assert Objective("steps-to", 1000, 99).intermediate(rows) > Objective("steps-to", 1000, 45).intermediate(rows)
     assert Objective("return", 1000).value([{"global_step": 10}]) is None

@@ -14,6 +14,9 @@ FINAL_SHARE = 0.1
 """The return objective averages the iterations in the last tenth of the budget (at least the last one)."""
 RECENT = 3
 """Iterations with episodes averaged for an intermediate value."""
+WINDOW = 20
+"""Episodes in the moving mean that ``steps-to`` compares with its threshold (as benchmarks/learning.py and rl-zoo
+judge a run): one iteration's mean can rest on one lucky episode."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,26 @@ def recent_return(rows: list[dict]) -> float | None:
 
 
 def steps_to(rows: list[dict], threshold: float) -> int | None:
-    """The agent steps at the end of the first iteration whose mean return reached ``threshold``, or None."""
-    return next((step for step, v in _returns(rows) if v >= threshold), None)
+    """The agent steps at the end of the first iteration where the mean return of the last WINDOW finished episodes
+    reached ``threshold``, or None. Each history row holds its iteration's mean and episode count (``episodes``;
+    a row without one counts as one episode), so the window's oldest iteration counts at its mean for the episodes
+    the window still needs."""
+    blocks: list[tuple[int, float]] = []  # (episodes, mean return) of the iterations that ended episodes
+    for row in rows:
+        value = row.get("episode_return")
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        episodes = row.get("episodes")
+        blocks.append((int(episodes) if isinstance(episodes, int) and episodes > 0 else 1, float(value)))
+        total, need = 0.0, WINDOW
+        for count, mean in reversed(blocks):
+            take = min(count, need)
+            total, need = total + take * mean, need - take
+            if need == 0:
+                break
+        if need == 0 and total / WINDOW >= threshold:
+            return int(row["global_step"])
+    return None
 
 
 def report_points(budget: int) -> list[int]:
