@@ -165,3 +165,23 @@ def test_the_pruners_stop_a_trial_reporting_far_worse_than_the_others(name):
                 break
     assert pruned_at and max(pruned_at) < REPORTS
     assert not make_pruner("none").prune(study, study.trials[-1])
+
+
+def test_on_steps_to_the_median_pruner_stops_a_trial_behind_those_that_reached_early():
+    """Trials that reached the threshold report their steps at every later point (packrl.sweep.trial); one still at
+    the budget plus its distance at the second point is stopped there, not after a fifth of the budget."""
+    from packrl.sweep.objective import REPORTS
+    from packrl.sweep.study import make_pruner
+
+    study = optuna.create_study(direction="minimize", pruner=make_pruner("median", "steps-to"))
+    for _ in range(4):
+        trial = study.ask()
+        for step in range(1, REPORTS + 1):
+            trial.report(1000.0 if step == 1 else 900.0, step)  # reached at 900 steps, before the second point
+        study.tell(trial, 900.0)
+    slow = study.ask()
+    slow.report(100_000 + 300.0, 1)
+    assert not slow.should_prune()  # the first point is the warm-up
+    slow.report(100_000 + 250.0, 2)
+    assert slow.should_prune()
+    assert make_pruner("median", "return")._n_warmup_steps == REPORTS // 5
