@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -31,14 +32,24 @@ from packrl.sweep.objective import steps_to as objective_steps_to
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def sweep(env: str, out: Path, trials: int, budget: int, pruner: str, objective: str, jobs: int, seed: int) -> dict:
-    """Run one sweep; its wall seconds, total agent steps over its trials, best value and best.toml."""
+def sweep(env: str, out: Path, trials: int, budget: int, pruner: str, objective: str, jobs: int, seed: int,
+          minutes: float | None = None) -> dict:
+    """Run one sweep (stopped with SIGTERM after ``minutes`` of wall time, as a user stops one: its finished trials
+    stay); its wall seconds, total agent steps over its trials, best value and best.toml."""
     tic = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "packrl", "sweep", env, "--trials", str(trials), "--budget", str(budget),
-                           "--pruner", pruner, "--objective", objective, "--jobs", str(jobs), "--seed", str(seed),
-                           "--out", str(out), "--no-live"], capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"sweep {out.name} failed: {done.stderr.strip()}")
+    sweep_ = subprocess.Popen([sys.executable, "-m", "packrl", "sweep", env, "--trials", str(trials), "--budget",
+                               str(budget), "--pruner", pruner, "--objective", objective, "--jobs", str(jobs), "--seed",
+                               str(seed), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        _, stderr = sweep_.communicate(timeout=minutes * 60 if minutes else None)
+    except subprocess.TimeoutExpired:
+        sweep_.send_signal(signal.SIGTERM)
+        _, stderr = sweep_.communicate()
+        print(f"  sweep {out.name}: stopped after {minutes:g} minutes", flush=True)
+    else:
+        if sweep_.returncode != 0:
+            raise SystemExit(f"sweep {out.name} failed: {stderr.strip()}")
     wall = time.perf_counter() - tic
     with sqlite3.connect(out / "study.db") as db:
         steps = sum(json.loads(v) for (v,) in db.execute(
@@ -67,6 +78,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="fresh seeds each best trial is re-run on")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--acrobot", action="store_true", help="the Acrobot-v1 search-quality target instead")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="stop each sweep (SIGTERM) after this many wall minutes: --jobs 2 for 30 is 60 CPU-minutes")
     parser.add_argument("--rerun-steps", type=int, default=None,
                         help="steps of each re-run (default: twice the budget); a re-run that never reaches the "
                              "threshold counts as this many")
@@ -82,7 +95,8 @@ def main() -> None:
         pruners = ("median",) if args.acrobot else ("median", "none")
         results = {}
         for p in pruners:
-            results[p] = sweep(env, tmp / p, args.trials, args.budget, p, objective, args.jobs, seed=0)
+            results[p] = sweep(env, tmp / p, args.trials, args.budget, p, objective, args.jobs, seed=0,
+                               minutes=args.minutes)
             print(f"  sweep, pruner {p}: {results[p]['complete']} complete, {results[p]['pruned']} pruned, "
                   f"{results[p]['steps']:,} agent steps, {results[p]['wall']:.0f} s; {results[p]['best']}", flush=True)
         rows = []
