@@ -48,6 +48,7 @@ class Watcher(threading.Thread):
         self._offset = 0
         self._points = report_points(objective.budget)
         self._next = 0
+        self._judged = 0  # history rows already checked against a steps-to threshold
 
     def run(self) -> None:
         while not self.done.wait(POLL_SECONDS):
@@ -62,7 +63,10 @@ class Watcher(threading.Thread):
             return
         if not self.rows or self.pruned or self.reached:
             return
-        reached = steps_to(self.rows, self.objective.threshold) if self.objective.threshold is not None else None
+        reached = None
+        if self.objective.threshold is not None and len(self.rows) != self._judged:  # polled every 50 ms: judge new rows
+            self._judged = len(self.rows)
+            reached = steps_to(self.rows, self.objective.threshold)
         if reached is not None:
             self.reached = True  # its value is known: the rest of the budget could not change it
             os.kill(os.getpid(), signal.SIGTERM)  # stop at the end of the iteration under way, with a checkpoint
