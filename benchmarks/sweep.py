@@ -55,9 +55,22 @@ def sweep(env: str, out: Path, trials: int, budget: int, pruner: str, objective:
         steps = sum(json.loads(v) for (v,) in db.execute(
             "select value_json from trial_user_attributes where key = 'agent_steps'"))
         states = [s for (s,) in db.execute("select state from trials")]
+        best_trial = db.execute("select trial_id from trial_values order by value, trial_id limit 1").fetchone()
+        best_params = db.execute("select param_name, param_value, distribution_json from trial_params where "
+                                 "trial_id = ? order by param_name", best_trial).fetchall() if best_trial else []
     best = (out / "best.toml").read_text().splitlines()[0] if (out / "best.toml").is_file() else "(no complete trial)"
+    if best_params:  # the objectives here are steps-to: lowest is best
+        best += "; searched settings: " + ", ".join(f"{name} = {_shown(value, dist)}" for name, value, dist in best_params)
     return {"wall": wall, "steps": steps, "pruned": states.count("PRUNED"), "complete": states.count("COMPLETE"),
             "best": best, "config": out / "best.toml"}
+
+
+def _shown(value: float, distribution_json: str) -> str:
+    """A stored Optuna parameter as the value it stands for (a categorical's choice, not its index)."""
+    distribution = json.loads(distribution_json)
+    if distribution.get("name") == "CategoricalDistribution":
+        return repr(distribution["attributes"]["choices"][int(value)])
+    return f"{value:.4g}"
 
 
 def steps_to(config: Path, seed: int, threshold: float, total: int, out: Path) -> int | None:
