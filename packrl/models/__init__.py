@@ -16,12 +16,14 @@ from packrl.models.encoders import (
     nature_cnn,
     small_cnn,
 )
+from packrl.models.grouped import GroupedPolicy
 from packrl.models.heads import ActionHead, Decoder, ValueHead
 from packrl.models.networks import GRU, LSTM, MLP, MinGRU, TwinMLP, linear_scan, make_network
 from packrl.models.policy import ActionMask, Policy
 
 __all__ = [
-    "ActionHead", "ActionMask", "ActionSpec", "Bounds", "Decoder", "DiscreteEmbedding", "Flat", "GRU", "Hybrid",
+    "ActionHead", "ActionMask", "ActionSpec", "Bounds", "Decoder", "DiscreteEmbedding", "Flat", "GRU", "GroupedPolicy",
+    "Hybrid",
     "ImageEncoder", "LSTM", "LSTMWrapper", "LayoutEncoder", "LegacyDecoder", "MLP", "MinGRU", "TwinMLP", "MultiCategorical",
     "NativeEncoder", "Policy", "SquashedNormal", "TextEncoder", "ValueHead", "apply_mask", "impala_cnn",
     "leaf_tensors", "linear_scan", "make_network", "nature_cnn", "small_cnn",

@@ -38,8 +38,8 @@ from packrl.checkpoint import (
 )
 from packrl.config import PolicyConfig
 from packrl.env_ids import env_creator
-from packrl.errors import ConfigError, PackrlError
-from packrl.models import Policy
+from packrl.errors import ConfigError, EmulationError, PackrlError
+from packrl.models import GroupedPolicy, Policy
 from packrl.train.checkpoint_env import checked_config, checked_distributed, is_data_env_id
 from packrl.train.plot import plot_learning_curve  # noqa: F401 - re-exported: it lived here before matplotlib became optional
 from packrl.train.ppo import PPO, PPOConfig, seed_everything
@@ -150,13 +150,18 @@ def _packrl_env_names() -> list[str]:
 def make_policy(vecenv: Any, policy: PolicyConfig | Mapping) -> torch.nn.Module:
     """The policy ``policy`` describes on ``vecenv``'s layouts. A mapping (a config's ``[policy]`` section) is
     checked and typed by its settings first (``packrl.config.policy_config``): every default is PolicyConfig's.
-    ConfigError for an env whose agents fall into groups with different spaces: PPO trains one policy for all rows."""
-    groups = vecenv.emulated.groups
-    if len(groups) > 1:
-        raise ConfigError(f"packrl trains one policy for all agents, and this env's agents have different spaces "
-                          f"({len(groups)} groups: {', '.join('/'.join(map(str, g.agents)) for g in groups)}): not "
-                          "supported yet (in Python, Policy.per_group(env) builds one policy per group)")
-    return Policy.from_env(vecenv, config_settings.policy_config(policy))
+    An env whose agents fall into groups with different observation spaces gets a GroupedPolicy (one policy per
+    group, the same settings); ConfigError where the groups' action spaces differ or the network is recurrent."""
+    config = config_settings.policy_config(policy)
+    if not vecenv.emulated.heterogeneous:
+        return Policy.from_env(vecenv, config)
+    if config.network != "mlp":
+        raise ConfigError(f"policy.network = {config.network!r}: an env whose agents have different spaces trains "
+                          "one policy per agent group, and those must be stateless (network = \"mlp\")")
+    try:
+        return GroupedPolicy.from_env(vecenv, config)
+    except EmulationError as err:
+        raise ConfigError(str(err)) from None
 
 
 def ppo_config(config: dict) -> PPOConfig:

@@ -74,6 +74,7 @@ class RolloutStorage:
         self.logprobs = torch.zeros((T, N), device=device)
         self.values = torch.zeros((T, N), device=device)
         self.final_values = torch.zeros((T, N), device=device)
+        self.row_indices = torch.arange(N, device=device).expand(T, N)  # each slot's row (a GroupedPolicy's groups)
         self.segment_states: list = []  # recurrent state at the start of each bptt segment
         self._truncated: list = []  # (step, rows, final observations, state) of the rollout's truncations
         self._allocate_actions(staged)
@@ -263,21 +264,25 @@ class RolloutStorage:
 
     def bootstrap_values(self, value_of: Callable[..., torch.Tensor], state: tuple) -> torch.Tensor:
         """V(observation after the rollout) of every row, returned, and V(final observation) of each truncation of
-        the rollout written into ``final_values``, from one ``value_of(x, state, starts)`` call. A truncated row's
-        final value is read with the state that saw its episode (the state after the step that ended it)."""
+        the rollout written into ``final_values``, from one ``value_of(x, state, starts, rows)`` call (``rows``: the
+        row each of ``x``'s is). A truncated row's final value is read with the state that saw its episode (the
+        state after the step that ended it)."""
         T, N = self.num_steps, self.num_rows
-        x, done = self._slots["obs"][T], self._slots["start"][T]
+        x, done, rows = self._slots["obs"][T], self._slots["start"][T], self.row_indices[0]
         if self._truncated:
             finals = torch.as_tensor(np.concatenate([f for _, _, f, _ in self._truncated])).to(self.device)
             x = torch.cat([x, finals.reshape(-1, *x.shape[1:]).to(x.dtype)])
             done = torch.cat([done, torch.zeros(finals.shape[0], dtype=torch.bool, device=self.device)])
             state = tuple(torch.cat([s, *(snap[i] for _, _, _, snap in self._truncated)]) for i, s in enumerate(state))
-        values = value_of(x, state, done).float().reshape(-1)
+        truncated_rows = torch.from_numpy(np.concatenate([r for _, r, _, _ in self._truncated])).to(self.device) \
+            if self._truncated else None
+        if truncated_rows is not None:
+            rows = torch.cat([rows, truncated_rows.to(rows.dtype)])
+        values = value_of(x, state, done, rows).float().reshape(-1)
         self.final_values.zero_()
-        if self._truncated:
-            steps = np.concatenate([np.full(len(rows), t) for t, rows, _, _ in self._truncated])
-            rows = np.concatenate([rows for _, rows, _, _ in self._truncated])
-            self.final_values[torch.from_numpy(steps).to(self.device), torch.from_numpy(rows).to(self.device)] = values[N:]
+        if truncated_rows is not None:
+            steps = np.concatenate([np.full(len(r), t) for t, r, _, _ in self._truncated])
+            self.final_values[torch.from_numpy(steps).to(self.device), truncated_rows] = values[N:]
         return values[:N]
 
     @staticmethod
@@ -295,7 +300,7 @@ class RolloutStorage:
         return {
             "obs": cut(self.obs), "masks": cut(train_masks), "starts": cut(self.starts),
             "logprobs": cut(torch.where(train_masks, self.logprobs, 0.0)),
-            "values": cut(torch.where(train_masks, self.values, 0.0)),
+            "values": cut(torch.where(train_masks, self.values, 0.0)), "rows": cut(self.row_indices),
             "actions": {k: cut(v) for k, v in actions.items()} if isinstance(actions, dict) else cut(actions),
             "states": tuple(torch.stack(parts).reshape(-1, *parts[0].shape[1:]) for parts in zip(*self.segment_states)),
         }
