@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from packrl.errors import UsageError
+from packrl.models.grouped import GroupedPolicy
 from packrl.train.rollout import PolicyStep
 from packrl.train.storage import RolloutStorage, StepViews
 
@@ -38,6 +39,9 @@ class OverlappedRollout:
         if step.recurrent:
             raise UsageError("train.overlap runs the policy for half of the rows at a time, which a recurrent "
                              "policy's state does not allow: use an mlp network or overlap = false")
+        if isinstance(step.policy, GroupedPolicy):
+            raise UsageError("train.overlap runs the policy for half of the rows at a time, and a GroupedPolicy "
+                             "(agents with different spaces) reads every row of a copy in one step: leave overlap off")
         if storage.spec is None or not storage.draws_choices:
             raise UsageError("train.overlap needs discrete actions (Discrete or MultiDiscrete) and packrl's decoder")
         self.storage, self.step, self.halves, self.rows = storage, step, env.halves, env.rows

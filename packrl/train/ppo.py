@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from packrl.errors import ConfigError, PackrlError
-from packrl.models.grouped import GroupedPolicy
+from packrl.errors import PackrlError
 from packrl.hyperparameters import PPOConfig
+from packrl.models.grouped import GroupedPolicy
 from packrl.train.advantage import compute_advantages, cut_pending_decisions
 from packrl.train.distributed import (
     all_sum,
@@ -170,9 +170,6 @@ class PPO:
         self.minibatch_loss = torch.compile(self._minibatch_loss) if cfg.compile else self._minibatch_loss
         self.recurrent = len(policy.initial_state(1, self.device)) > 0
         self.grouped = isinstance(policy, GroupedPolicy)  # its calls name each row's index (``_rows``)
-        if self.grouped and cfg.overlap:
-            raise ConfigError("train.overlap = true steps half the rows at a time, and a GroupedPolicy (agents "
-                              "with different spaces) reads every row of a copy in one step: leave overlap off")
         self.horizon = (cfg.bptt_horizon or cfg.num_steps) if self.recurrent else 1
         if cfg.num_steps % self.horizon:
             raise ValueError(f"num_steps={cfg.num_steps} must be a multiple of bptt_horizon={self.horizon}")
@@ -246,11 +243,7 @@ class PPO:
 
     def _value_of(self, x: torch.Tensor, state: tuple, done: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         with self._autocast():
-            return self.forward_eval(x, state, done, **self._rows(rows))[1]
-
-    def _rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The row indices a GroupedPolicy reads each row's group from; other policies take no such argument."""
-        return {"rows": rows} if self.grouped else {}
+            return self.forward_eval(x, state, done, **_rows(self.grouped, rows))[1]
 
     def _account(self, start_time: float) -> dict[str, float]:
         """After a rollout: refuse non-finite env values, scale the learner's rewards, record episodes, count steps."""
@@ -366,7 +359,7 @@ class PPO:
         update = getattr(self.policy, "update_normalization", None)
         if update is None:
             return
-        update(self.obs[self.train_masks], **self._rows(self.storage.row_indices[self.train_masks]))
+        update(self.obs[self.train_masks], **_rows(self.grouped, self.storage.row_indices[self.train_masks]))
         if self.world > 1:
             self.policy.average_normalization(self.world)
 
@@ -383,7 +376,8 @@ class PPO:
             if self._forward_function is not None:
                 logits, newvalue = self._forward_function(b["obs"][mb])
             else:
-                logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts, **self._rows(b["rows"][mb]))
+                rows = _rows(self.grouped, b["rows"][mb])
+                logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts, **rows)
         dist_ = self.policy.decoder.distribution(logits.float())
         logratio = dist_.log_prob(index(b["actions"], mb)) - b["logprobs"][mb]
         if mask is not None:
@@ -437,7 +431,7 @@ class PPO:
     def _current_ratios(self, b: dict[str, Any]) -> torch.Tensor:
         """pi_current / pi_rollout for every stored step of the batch ``b``, back in (T, N) order (for V-trace clipping)."""
         with self._autocast():
-            logits, _, _ = self.forward(b["obs"], b["states"], b["starts"], **self._rows(b["rows"]))
+            logits, _, _ = self.forward(b["obs"], b["states"], b["starts"], **_rows(self.grouped, b["rows"]))
         logratio = self.policy.decoder.distribution(logits.float()).log_prob(b["actions"]) - b["logprobs"]
         T, N, L = self.config.num_steps, self.num_rows, self.horizon
         return logratio.exp().reshape(T // L, N, L).transpose(1, 2).reshape(T, N)
@@ -514,6 +508,11 @@ def _first_non_finite(policy: nn.Module, iteration: int, per_minibatch: dict[str
         if not math.isfinite(norm):
             return f"{where}: parameter {name!r} holds a non-finite value after the update"
     return f"{where}: a non-finite value in the update"
+
+
+def _rows(grouped: bool, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The row indices a GroupedPolicy reads each row's group from; other policies take no such argument."""
+    return {"rows": rows} if grouped else {}
 
 
 def rng_states() -> dict:
