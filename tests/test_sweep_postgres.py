@@ -1,66 +1,25 @@
 """packrl sweep on a real PostgreSQL server (Debian's package: initdb in a temporary folder, a loopback port, as
 the postgres user when the tests run as root, since postgres refuses root): two sweeps in two folders share one
 study and finish N trials between them, no trial number twice, and the password is never printed or written."""
-import glob
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg2
 import pytest
 
+from tests.benchmark_modules import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-PASSWORD = "pg-s3cret-Pw"
-SPACE = "defaults = false\n[train]\nlearning_rate = { low = 1e-4, high = 3e-2 }\nnum_steps = 32\nupdate_epochs = 2\n" \
-        "[vec]\nnum_envs = 8\n"
-
-
-def _bin(name):
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name)]
-    assert found[-1], f"{name} not found: install Debian's postgresql (.ci/run does)"
-    return found[-1]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PASSWORD = load_benchmark("sweep_shared").PASSWORD
+SPACE = load_benchmark("sweep_shared").SPACE
 
 
 @pytest.fixture(scope="module")
 def postgres():
-    folder = Path(tempfile.mkdtemp(prefix="packrl-pg-"))
-    as_user = []
-    if os.geteuid() == 0:
-        shutil.chown(folder, "postgres", "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    pwfile = folder / "pw"
-    pwfile.write_text(PASSWORD + "\n")
-    if as_user:
-        shutil.chown(pwfile, "postgres", "postgres")
-    subprocess.run([*as_user, _bin("initdb"), "-D", str(folder / "db"), "-U", "packrl", f"--pwfile={pwfile}",
-                    "--auth=scram-sha-256"], check=True, capture_output=True)
-    port = _free_port()
-    server = subprocess.Popen([*as_user, _bin("postgres"), "-D", str(folder / "db"), "-p", str(port), "-k", str(folder),
-                               "-c", "listen_addresses=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"postgresql://packrl:{PASSWORD}@127.0.0.1:{port}/postgres"
-    end = time.monotonic() + 60
-    while True:
-        try:
-            psycopg2.connect(url).close()
-            break
-        except psycopg2.OperationalError:
-            assert time.monotonic() < end and server.poll() is None, "postgres did not start"
-            time.sleep(0.3)
-    yield url
-    server.terminate()
-    server.wait(120)
-    shutil.rmtree(folder, ignore_errors=True)
+    with load_benchmark("sweep_shared").postgres_server() as url:
+        yield url
 
 
 def _sweep(url, out, space, *extra):
