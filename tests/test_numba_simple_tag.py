@@ -203,3 +203,38 @@ def test_defaults_learn_each_group_against_random_play(one_torch_thread):
         prey.append(tag.against_random(policy, 1))
     assert min(predators) >= 7.0 and np.mean(predators) >= 9.0, (predators, random)
     assert min(prey) >= -11.0 and np.mean(prey) >= -9.0, (prey, random)
+
+
+def test_every_groups_layout_is_recorded_and_checked(tmp_path):
+    """A simple_tag checkpoint records the prey's layout beside the predators' (``layouts.observation/1``); eval
+    refuses, in one line, a re-signed checkpoint whose prey layout differs or that records one group only."""
+    import json
+    import subprocess
+    import sys
+
+    from packrl.checkpoint import manifest_sha256
+
+    def packrl(*args):
+        return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, timeout=600)
+
+    run = tmp_path / "run"
+    assert packrl("train", "simple_tag", "--total-steps", "2048", "--no-live", "--out", str(run)).returncode == 0
+    meta = json.loads((run / "checkpoint" / "metadata.json").read_text())
+    assert meta["layouts"]["observation/1"] != meta["layouts"]["observation"]
+    assert packrl("eval", str(run / "checkpoint"), "--episodes", "2").returncode == 0
+
+    def resigned(change):
+        edited = json.loads(json.dumps(meta))
+        change(edited["layouts"])
+        edited["sha256"] = manifest_sha256(edited)
+        (run / "checkpoint" / "metadata.json").write_text(json.dumps(edited))
+        done = packrl("eval", str(run / "checkpoint"), "--episodes", "2")
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        return lines[0]
+
+    def narrower_prey(layouts):
+        layouts["observation/1"]["leaves"][0]["shape"] = [13]
+
+    assert "layouts.observation/1 differs" in resigned(narrower_prey)
+    assert "1 agent group(s)" in resigned(lambda layouts: layouts.pop("observation/1"))

@@ -191,7 +191,8 @@ def save(ppo: PPO, config: dict, path: str | Path, history: list[dict], extra: d
     and RNG states ``PPO.load_training_state`` continues from (``packrl train --resume``). ``extra``: more
     metadata fields (a data-parallel run's ``distributed``)."""
     env = ppo.env
-    layouts = {"observation": env.emulated.observation, "action": env.emulated.action.layout}
+    layouts = {"observation": env.emulated.observation, "action": env.emulated.action.layout,
+               **{f"observation/{g}": group.observation for g, group in enumerate(env.emulated.groups) if g}}
     returns = [h["episode_return"] for h in history if isinstance(h.get("episode_return"), float)
                and math.isfinite(h["episode_return"])]
     return save_checkpoint(path, ppo.policy.state_dict(), config=config, layouts=layouts,
@@ -246,10 +247,17 @@ def check_fits(verified: Verified, vecenv: Any, policy_config: PolicyConfig | Ma
 
 def check_layouts(verified: Verified, vecenv: Any) -> None:
     """The recorded observation and action layouts equal the env's (CheckpointError naming the first leaf
-    that differs, or a recorded layout that is not a layout)."""
+    that differs, or a recorded layout that is not a layout); an env whose agents fall into groups has each further
+    group's observation layout recorded as ``observation/G``, and the groups must match in number too."""
     layouts, file, emulated = verified.metadata["layouts"], verified.file, vecenv.emulated
     compare_layout(layouts.get("observation"), emulated.observation.to_dict(), "observation", file)
     compare_layout(layouts.get("action"), emulated.action.layout.to_dict(), "action", file)
+    recorded = 1 + sum(1 for key in layouts if key.startswith("observation/"))
+    if recorded != len(emulated.groups):
+        raise CheckpointError(f"{file}: the checkpoint's policy is for {recorded} agent group(s), the env's agents "
+                              f"fall into {len(emulated.groups)} (groups of agents with equal spaces)")
+    for g, group in enumerate(emulated.groups[1:], start=1):
+        compare_layout(layouts.get(f"observation/{g}"), group.observation.to_dict(), f"observation/{g}", file)
 
 
 def load_policy(path: str | Path | Verified, device: str = "cpu", *, env: str | None = None,
