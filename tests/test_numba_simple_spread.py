@@ -1,11 +1,9 @@
 """The Numba simple_spread against mpe2's own simple_spread_v3, transition by transition: mpe2's state copied into
 one copy, both stepped with the same actions, observations, rewards and flags compared each step (float32
 tolerance); and its rows, masks and spaces against vector.make of the mpe2 ParallelEnv."""
-import warnings
 
 import numpy as np
 import pytest
-import torch
 from mpe2 import simple_spread_v3
 
 import packrl.envs as envs
@@ -133,27 +131,6 @@ SB3_GREEDY = -19.9  # tests/test_compat_sb3.py's SB3 PPO on mpe2's env through a
 BUDGET = 65_536
 
 
-def greedy_on_mpe2(policy, episodes: int = 96) -> float:
-    """The greedy per-agent episode return over ``episodes`` episodes of mpe2's own simple_spread_v3 (4 envs seeded
-    from 1000, as the SB3 test judges its model)."""
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    from packrl.compat.sb3 import as_sb3
-
-    class Greedy:
-        def predict(self, obs, state=None, episode_start=None, deterministic=True):
-            with torch.no_grad():
-                logits, _, _ = policy.forward_eval(torch.as_tensor(np.asarray(obs, np.float32)))
-                return policy.decoder.to_numpy(policy.decoder.distribution(logits).mode()), None
-
-    evaluation = as_sb3(vector.make(lambda: simple_spread_v3.parallel_env(N=3), 4, seed=1000))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SB3 asks for its Monitor wrapper; the episodes are MPE's own
-        mean, _ = evaluate_policy(Greedy(), evaluation, n_eval_episodes=episodes, deterministic=True)
-    evaluation.close()
-    return float(mean)
-
-
 @pytest.mark.slow
 def test_defaults_learn_past_sb3_in_no_more_agent_steps(one_torch_thread):
     """`packrl train simple_spread` (its simple-spread preset) for 65,536 agent steps on seeds 0-2, each policy
@@ -162,7 +139,9 @@ def test_defaults_learn_past_sb3_in_no_more_agent_steps(one_torch_thread):
     to -20.7)."""
     from packrl import config as settings
     from packrl.train.run import build_ppo
+    from tests.benchmark_modules import load_benchmark
 
+    spread = load_benchmark("spread_learning")  # its judge: greedy over the same 96 episodes of mpe2's env (seed 1000)
     returns = []
     for seed in range(3):
         config, preset = settings.resolve(flags={"env": {"id": "simple_spread"},
@@ -172,6 +151,6 @@ def test_defaults_learn_past_sb3_in_no_more_agent_steps(one_torch_thread):
         ppo.train(BUDGET)
         ppo.env.close()
         assert ppo.global_step <= BUDGET + config["train"]["num_steps"] * ppo.env.num_agents
-        returns.append(greedy_on_mpe2(ppo.policy))
+        returns.append(spread.judge(spread.GreedyPacked(ppo.policy)))
     assert min(returns) >= -24.9 + 3, returns
     assert np.mean(returns) >= SB3_GREEDY + 0.5, returns
