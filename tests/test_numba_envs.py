@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -387,3 +389,58 @@ def test_the_batched_env_is_a_gymnasium_vector_env_and_refuses_use_after_close()
     for call in (lambda: env.step(np.zeros(4, np.int64)), lambda: env.reset(seed=0), env.recv):
         with pytest.raises(EnvError, match="closed"):
             call()
+
+
+_HELPER = "from numba import njit\n\n\n@njit(cache=True)\ndef reward_of(x):\n    return x + {bonus}\n"
+_KERNELS = textwrap.dedent("""
+    import numpy as np
+    from gymnasium import spaces
+    from numba import njit
+
+    from bonus_helper import reward_of
+    from packrl.envs.numba_env import NumbaEnv
+
+
+    @njit(cache=True)
+    def reset(state, obs, rng):
+        obs[0] = 0.0
+
+
+    @njit(cache=True)
+    def step(state, action, obs, rng):
+        obs[0] = 1.0
+        return reward_of(1.0), False, False
+
+
+    def spec():
+        return NumbaEnv(name="helper_env", observation_space=spaces.Box(-2, 2, (1,), np.float32),
+                        action_space=spaces.Discrete(2), state={"x": (1, np.float64)}, reset=reset,
+                        step=step)
+""")
+_STEP_ONCE = textwrap.dedent("""
+    import numpy as np
+    import helper_env
+    from packrl.envs.numba_env import BatchedNumbaEnv
+    env = BatchedNumbaEnv(helper_env.spec(), 2, seed=0)
+    env.reset(seed=0)
+    print(env.step(np.zeros(2, np.int64))[1].tolist())
+""")
+
+
+def test_an_edited_helper_module_is_recompiled_in_the_next_process(tmp_path):
+    """A kernel calling a jitted helper imported from another module: after the helper's file changes, the next
+    process runs the new helper, not Numba's cached copy of the old one (its cache keys on the kernel's own file)."""
+    (tmp_path / "helper_env.py").write_text(_KERNELS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
+           "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+
+    def rewards(bonus):
+        (tmp_path / "bonus_helper.py").write_text(_HELPER.format(bonus=bonus))
+        done = subprocess.run([sys.executable, "-c", _STEP_ONCE], capture_output=True, text=True, timeout=300,
+                              env=env, cwd=tmp_path)  # quiet: about 8 s (two kernels compiled)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert rewards(1.0) == [2.0, 2.0]
+    assert rewards(1.0) == [2.0, 2.0]  # from the cache
+    assert rewards(5.0) == [6.0, 6.0]

@@ -401,16 +401,35 @@ class KernelSource:
 
 def _fingerprint(fn: Dispatcher) -> bytes:
     """What a user kernel's compiled code depends on: its module's whole source file (so its helpers
-    count too), its name, and the values it closes over."""
+    count too), the source of every other module whose jitted functions it can reach (``_helper_sources``),
+    its name, and the values it closes over."""
     py = fn.py_func
-    parts = [py.__module__.encode(), py.__qualname__.encode()]
-    try:
-        parts.append(Path(inspect.getsourcefile(py)).read_bytes())
-    except (TypeError, OSError):
-        parts.append(py.__code__.co_code + repr(py.__code__.co_consts).encode())
+    parts = [py.__module__.encode(), py.__qualname__.encode(), _source_bytes(py), *_helper_sources(py)]
     for cell in py.__closure__ or ():
         parts.append(repr(cell.cell_contents).encode())
     return b"\0".join(parts)
+
+
+def _source_bytes(py: Any) -> bytes:
+    try:
+        return Path(inspect.getsourcefile(py)).read_bytes()
+    except (TypeError, OSError):
+        return py.__code__.co_code + repr(py.__code__.co_consts).encode()
+
+
+def _helper_sources(py: Any) -> list[bytes]:
+    """The source of each module, other than ``py``'s own, that holds a jitted function reachable from ``py``'s
+    module through module globals (helpers imported from elsewhere, and theirs): Numba's disk cache keys a
+    function on its own file only, so an edited helper module must change the generated module's name."""
+    seen, found, todo = {py.__module__}, {}, [py.__globals__]
+    while todo:
+        for value in list(todo.pop().values()):
+            inner = getattr(value, "py_func", None) if isinstance(value, Dispatcher) else None
+            if inner is not None and inner.__module__ not in seen:
+                seen.add(inner.__module__)
+                found[inner.__module__] = _source_bytes(inner)
+                todo.append(inner.__globals__)
+    return [name.encode() + b"\0" + found[name] for name in sorted(found)]
 
 
 def load_kernels(source: KernelSource, inline: bool = True) -> Any:
