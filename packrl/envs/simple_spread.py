@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium import spaces
 from numba import njit
 
+from packrl.envs.mpe_physics import action_force, contact_push, integrate
 from packrl.envs.numba_env import NumbaEnv
 from packrl.envs.rng import uniform
 
@@ -25,22 +26,12 @@ MAX_CYCLES = 25
 LOCAL_RATIO = 0.5
 SIZE = 0.15  # every agent's radius
 SENSITIVITY = 5.0
-DT = 0.1
-DAMPING = 0.25
-CONTACT_FORCE = 1e2
-CONTACT_MARGIN = 1e-3
 OBS_SIZE = 4 + 2 * N + 2 * (N - 1) + 2 * (N - 1)
 
 
 @njit(cache=True)
 def _dist(ax: float, ay: float, bx: float, by: float) -> float:
     return np.sqrt(np.square(ax - bx) + np.square(ay - by))
-
-
-@njit(cache=True)
-def _logaddexp0(x: float) -> float:
-    """log(1 + exp(x)) as np.logaddexp(0, x) computes it."""
-    return max(x, 0.0) + np.log1p(np.exp(-abs(x)))
 
 
 @njit(cache=True)
@@ -75,29 +66,14 @@ def reset(state, obs, live, rng) -> None:
 def step(state, actions, obs, rewards, terminated, truncated, live, rng) -> None:
     pos, vel, force = state.pos, state.vel, state.force
     for a in range(N):
-        force[a, 0], force[a, 1] = 0.0, 0.0
-        act = actions[a]
-        if act == 1:
-            force[a, 0] = -SENSITIVITY
-        elif act == 2:
-            force[a, 0] = SENSITIVITY
-        elif act == 3:
-            force[a, 1] = -SENSITIVITY
-        elif act == 4:
-            force[a, 1] = SENSITIVITY
+        action_force(force, a, actions[a], SENSITIVITY)
     for a in range(N):  # contact forces between agents (landmarks do not collide), pairs in mpe2's order
         for b in range(a + 1, N):
-            dx, dy = pos[a, 0] - pos[b, 0], pos[a, 1] - pos[b, 1]
-            dist = np.sqrt(dx * dx + dy * dy)
-            penetration = _logaddexp0(-(dist - 2 * SIZE) / CONTACT_MARGIN) * CONTACT_MARGIN
-            fx, fy = CONTACT_FORCE * dx / dist * penetration, CONTACT_FORCE * dy / dist * penetration
+            fx, fy = contact_push(pos, a, pos[b, 0], pos[b, 1], 2 * SIZE)
             force[a, 0], force[a, 1] = fx + force[a, 0], fy + force[a, 1]
             force[b, 0], force[b, 1] = -fx + force[b, 0], -fy + force[b, 1]
     for a in range(N):
-        for d in range(2):
-            pos[a, d] += vel[a, d] * DT
-            vel[a, d] = vel[a, d] * (1 - DAMPING)
-            vel[a, d] += force[a, d] * DT  # mass 1
+        integrate(pos, vel, force, a)
     shared = 0.0
     for m in range(N):
         nearest = np.inf

@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium import spaces
 from numba import njit
 
+from packrl.envs.mpe_physics import action_force, contact_push, integrate
 from packrl.envs.numba_env import NumbaEnv
 from packrl.envs.rng import uniform
 
@@ -32,19 +33,9 @@ SIZES = np.array([0.075] * ADVERSARIES + [0.05] * GOOD)
 ACCEL = np.array([3.0] * ADVERSARIES + [4.0] * GOOD)
 MAX_SPEED = np.array([1.0] * ADVERSARIES + [1.3] * GOOD)
 OBSTACLE_SIZE = 0.2
-DT = 0.1
-DAMPING = 0.25
-CONTACT_FORCE = 1e2
-CONTACT_MARGIN = 1e-3
 CATCH_REWARD = 10.0
 ADVERSARY_OBS = 4 + 2 * OBSTACLES + 2 * (N - 1) + 2 * GOOD
 GOOD_OBS = 4 + 2 * OBSTACLES + 2 * (N - 1) + 2 * (GOOD - 1)
-
-
-@njit(cache=True)
-def _logaddexp0(x: float) -> float:
-    """log(1 + exp(x)) as np.logaddexp(0, x) computes it."""
-    return max(x, 0.0) + np.log1p(np.exp(-abs(x)))
 
 
 @njit(cache=True)
@@ -101,41 +92,20 @@ def reset(state, obs, live, rng) -> None:
 
 
 @njit(cache=True)
-def _push(pos, a: int, bx: float, by: float, reach: float) -> tuple:
-    """The contact force on agent ``a`` from something at (bx, by) within ``reach`` (sum of radii)."""
-    dx, dy = pos[a, 0] - bx, pos[a, 1] - by
-    dist = np.sqrt(dx * dx + dy * dy)
-    penetration = _logaddexp0(-(dist - reach) / CONTACT_MARGIN) * CONTACT_MARGIN
-    return CONTACT_FORCE * dx / dist * penetration, CONTACT_FORCE * dy / dist * penetration
-
-
-@njit(cache=True)
 def step(state, actions, obs, rewards, terminated, truncated, live, rng) -> None:
     pos, vel, force, marks = state.pos, state.vel, state.force, state.obstacles
     for a in range(N):
-        force[a, 0], force[a, 1] = 0.0, 0.0
-        act = actions[a]
-        if act == 1:
-            force[a, 0] = -ACCEL[a]
-        elif act == 2:
-            force[a, 0] = ACCEL[a]
-        elif act == 3:
-            force[a, 1] = -ACCEL[a]
-        elif act == 4:
-            force[a, 1] = ACCEL[a]
+        action_force(force, a, actions[a], ACCEL[a])
     for a in range(N):  # contact forces in mpe2's order: each agent with the later agents, then the obstacles
         for b in range(a + 1, N):
-            fx, fy = _push(pos, a, pos[b, 0], pos[b, 1], SIZES[a] + SIZES[b])
+            fx, fy = contact_push(pos, a, pos[b, 0], pos[b, 1], SIZES[a] + SIZES[b])
             force[a, 0], force[a, 1] = fx + force[a, 0], fy + force[a, 1]
             force[b, 0], force[b, 1] = -fx + force[b, 0], -fy + force[b, 1]
         for m in range(OBSTACLES):
-            fx, fy = _push(pos, a, marks[m, 0], marks[m, 1], SIZES[a] + OBSTACLE_SIZE)
+            fx, fy = contact_push(pos, a, marks[m, 0], marks[m, 1], SIZES[a] + OBSTACLE_SIZE)
             force[a, 0], force[a, 1] = fx + force[a, 0], fy + force[a, 1]
     for a in range(N):
-        for d in range(2):
-            pos[a, d] += vel[a, d] * DT
-            vel[a, d] = vel[a, d] * (1 - DAMPING)
-            vel[a, d] += force[a, d] * DT  # mass 1
+        integrate(pos, vel, force, a)
         speed = np.sqrt(np.square(vel[a, 0]) + np.square(vel[a, 1]))
         if speed > MAX_SPEED[a]:
             vel[a, 0], vel[a, 1] = vel[a, 0] / speed * MAX_SPEED[a], vel[a, 1] / speed * MAX_SPEED[a]
