@@ -22,6 +22,7 @@ def test_cleanrl_ppo_runs_on_packrl(backend, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_ppo.py"), "--total-timesteps", "1024",
                            "--num-steps", "64", "--backend", backend, "--cuda", "false"],
+                          # quiet: the whole test takes 5 s
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     iterations = LOSSES.findall(done.stdout)
@@ -53,6 +54,7 @@ def test_track_and_capture_video_as_in_cleanrl(tmp_path):
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}  # no credentials: offline
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_ppo.py"), "--total-timesteps", "1024",
                            "--num-steps", "64", "--cuda", "false", "--track", "true", "--capture-video", "true"],
+                          # quiet: the whole test takes 13 s
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (videos,) = (tmp_path / "videos").iterdir()
@@ -69,5 +71,6 @@ def test_track_and_capture_video_as_in_cleanrl(tmp_path):
 def test_capture_video_needs_the_serial_backend(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_ppo.py"), "--backend", "multiprocessing",
+                           # quiet: the whole test takes 2 s
                            "--capture-video", "true"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 2 and "--capture-video records env 0" in done.stderr.splitlines()[-1]

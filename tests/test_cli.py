@@ -107,7 +107,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
         assert line, seen + proc.stderr.read()
         seen += line
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=120)  # quiet: the whole test takes 3 s
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted by SIGINT (Ctrl-C) at" in stderr and "interrupted" not in stdout  # a stop goes to stderr

@@ -245,7 +245,7 @@ def test_eval_and_check_use_one_torch_thread(tmp_path):
     env["PYTHONPATH"] = str(ROOT)
     for args in (["eval", str(checkpoint), "--episodes", "2"], ["check", "CartPole-v1", "--steps", "4"]):
         done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=300)  # quiet: the whole test takes 4 s
         assert done.returncode == 0, done.stderr
         assert done.stderr.splitlines()[-1] == "threads 1", done.stderr
 
@@ -306,7 +306,7 @@ def test_eval_render_without_a_display_prints_no_sdl_line(tmp_path):
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-m", "packrl", "eval", str(checkpoint), "--episodes", "2", "--render",
                            str(tmp_path / "episode.gif")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300)  # quiet: the whole test takes 2 s
     assert done.returncode == 0, done.stderr
     assert "XDG_RUNTIME_DIR" not in done.stdout + done.stderr and (tmp_path / "episode.gif").is_file()
     assert done.stderr == ""  # not a terminal: no progress lines either

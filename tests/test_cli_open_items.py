@@ -159,6 +159,7 @@ def test_the_top_level_command_line_imports_neither_torch_nor_numba(argv):
     code = ("import sys\nfrom packrl.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    code = e.code\nprint(sorted(m for m in ('torch', 'numba', 'numpy') if m in sys.modules), code)")
     root = Path(__file__).resolve().parents[1]
+    # quiet: the whole test takes under 1 s
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, cwd=root)
     assert done.stdout.strip().splitlines()[-1] == f"[] {2 if not argv else 0}", done.stdout + done.stderr
 
@@ -173,5 +174,5 @@ def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
                             stderr=subprocess.PIPE)
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141, err
+    assert proc.wait(timeout=120) == 141, err  # quiet: the whole test takes under 1 s
     assert "Traceback" not in err and "BrokenPipe" not in err, err

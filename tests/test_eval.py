@@ -210,7 +210,7 @@ def test_a_mujoco_policy_renders_without_a_display(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM")}
     gif = tmp_path / "episode.gif"
     done = subprocess.run([sys.executable, "-m", "packrl", "eval", str(path), "--episodes", "2", "--render", str(gif)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600)  # quiet: the whole test takes 2 s
     assert done.returncode == 0, done.stdout + done.stderr
     frames = iio.imread(gif)
     assert frames.ndim == 4 and frames.shape[0] > 1 and frames.shape[-1] == 3 and frames.std() > 0

@@ -100,6 +100,7 @@ def test_a_history_line_of_3_gb_is_not_read_whole(tmp_path):
     assert (run / "history.jsonl").stat().st_size > 3 << 30
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
             "from packrl.cli import main; sys.exit(main(['plot', %r]))" % str(run))
+    # quiet: the whole test takes 2 s
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]

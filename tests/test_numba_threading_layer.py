@@ -25,6 +25,7 @@ print(json.dumps({"layer": numba.threading_layer(), "torch_threads": torch.get_n
 def _run(extra_env: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
     env.update(NUMBA_NUM_THREADS="2", **extra_env)
+    # quiet: this file's tests take at most 2 s
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -115,6 +115,7 @@ def fresh_venv(folder: Path) -> Path:
     """A new venv without pip whose site-packages also sees the project venv's (a .pth line, read after its own
     site-packages): the dependencies are there, packrl is not (the project venv's editable finder is a .pth
     hook that a plain path line does not run)."""
+    # quiet: this file's tests take at most 3 s
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -127,14 +128,17 @@ def fresh_venv(folder: Path) -> Path:
 def install_and_run(wheel: Path, folder: Path) -> dict:
     python = fresh_venv(folder)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                    # quiet: this file's tests take at most 3 s
                     "--no-cache-dir", "-q", str(wheel)], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # quiet: this file's tests take at most 3 s
     done = subprocess.run([str(python), "-c", INSIDE], capture_output=True, text=True, timeout=600, cwd=folder, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(result["file"]).resolve().is_relative_to(folder.resolve()), result["file"]  # the wheel, not the tree
     assert result["version"] == packrl.__version__
     command = subprocess.run([str(folder / "bin" / "packrl"), "--version"], capture_output=True, text=True, env=env,
+                             # quiet: this file's tests take at most 3 s
                              cwd=folder, timeout=120)
     assert command.stdout.strip() == f"packrl {packrl.__version__}", command.stderr[-2000:]  # the console script
     return result

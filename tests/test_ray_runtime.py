@@ -36,6 +36,7 @@ ray.shutdown()
 
 
 def test_a_ray_runtime_started_by_a_vector_env_stops_with_the_last_one():
+    # quiet: the whole test takes 12 s
     done = subprocess.run([sys.executable, "-c", OWN_RUNTIME], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
     if "timed out during startup" in done.stderr:
@@ -58,16 +59,20 @@ def test_step_timeout_bounds_steps_not_a_slow_reset(ray_runtime):
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
+        # the timeout under test (an env or service that hangs), not a bound on the test
         venv = vector.make(SlowReset, 2, backend="ray", num_workers=2, step_timeout=1)
         try:
             venv.reset(seed=0)  # 3 s per reset: longer than step_timeout, and not killed
             with pytest.raises(EnvError, match=r"ray worker\(s\) \[1\] \(envs 1..1\) did not finish within "
+                                               # the timeout under test (an env or service that hangs), not a bound on the test
                                                r"step_timeout=1.0 s"):
                 venv.step(np.zeros(2, np.int64))
         finally:
             venv.close()
+        # the timeout under test (an env or service that hangs), not a bound on the test
         venv = vector.make(SlowReset, 2, backend="ray", num_workers=2, reset_timeout=1)
         try:
+            # the timeout under test (an env or service that hangs), not a bound on the test
             with pytest.raises(EnvError, match=r"did not finish within reset_timeout=1.0 s"):
                 venv.reset(seed=0)
         finally:

