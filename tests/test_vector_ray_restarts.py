@@ -277,7 +277,7 @@ def test_vec_address_where_no_ray_answers_is_one_line_exit_2(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                # the timeout under test (an env or service that hangs), not a bound on the test
+                # one try of a polling loop: the loop's deadline above bounds the wait
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
