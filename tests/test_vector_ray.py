@@ -70,7 +70,7 @@ def assert_same_runs(a, b):
 
 def assert_no_actors(pids, handles):
     """The actors' processes are gone and Ray reports the actors dead."""
-    deadline = time.monotonic() + 30  # fault detection only: the machine is shared and loaded
+    deadline = time.monotonic() + 60  # fault detection only (quiet: this file's tests take at most 4 s)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "actor processes survived close()"
@@ -135,7 +135,7 @@ def test_async_batches_bookkeeping():
     with pytest.raises(UsageError, match="send\\(\\) without recv"):
         venv.send(np.zeros(batch, np.int64))
     seen = []
-    deadline = time.monotonic() + 120  # fault detection only: a worker's first reply may lag on a loaded machine
+    deadline = time.monotonic() + 120  # fault detection only (quiet: the whole test takes 2 s)
     while (len(seen) < 24 or steps.min() < 3) and time.monotonic() < deadline:
         b = venv.recv()
         assert b.observations.shape[0] == batch and len(b.env_ids) == batch and len(b.infos) == batch
@@ -197,7 +197,7 @@ def test_failing_creator_is_reported_and_leaves_no_actors():
     with pytest.raises(EnvError, match="(?s)ray worker 0, env 1 failed while starting.*Traceback.*no such simulator"):
         vector.make(SecondEnvFails(), 2, backend="ray", num_workers=1)
     # The actors held one CPU each: all of the cluster's CPUs free again means they are gone.
-    deadline = time.monotonic() + 30  # fault detection only
+    deadline = time.monotonic() + 30  # fault detection only (quiet: the whole test takes under 1 s)
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.available_resources().get("CPU", 0) == 2

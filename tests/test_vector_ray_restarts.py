@@ -52,7 +52,7 @@ def minigrid_by_plain_id():
 
 
 def wait_gone(pids):
-    deadline = time.monotonic() + 30  # fault detection only: the machine is shared and loaded
+    deadline = time.monotonic() + 60  # fault detection only (quiet: processes go within 1 s of the kill)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "actor processes survived"
@@ -274,7 +274,7 @@ def test_vec_address_where_no_ray_answers_is_one_line_exit_2(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # quiet: the whole test takes 2 s
         while time.monotonic() < deadline:
             try:
                 # one try of a polling loop: the loop's deadline above bounds the wait
@@ -357,7 +357,7 @@ def test_async_batches_go_on_when_an_actor_is_lost():
         stepping.update(int(e) for e in b.env_ids)
     lose(venv, 2)
     cut = []
-    deadline = time.monotonic() + 120  # fault detection only
+    deadline = time.monotonic() + 120  # fault detection only (quiet: the whole test takes 4 s)
     while not cut and time.monotonic() < deadline:
         b = venv.recv()
         for row, e in enumerate(b.env_ids):
