@@ -70,7 +70,7 @@ def assert_same_runs(a, b):
 
 def assert_no_actors(pids, handles):
     """The actors' processes are gone and Ray reports the actors dead."""
-    deadline = time.monotonic() + 60  # fault detection only (quiet: this file's tests take at most 4 s)
+    deadline = time.monotonic() + 60  # fault detection only (quiet: its callers take at most 3 s in all)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "actor processes survived close()"

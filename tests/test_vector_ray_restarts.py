@@ -52,7 +52,7 @@ def minigrid_by_plain_id():
 
 
 def wait_gone(pids):
-    deadline = time.monotonic() + 60  # fault detection only (quiet: processes go within 1 s of the kill)
+    deadline = time.monotonic() + 60  # fault detection only (quiet: its callers take at most 5 s in all)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "actor processes survived"
