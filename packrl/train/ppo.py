@@ -359,7 +359,7 @@ class PPO:
         update = getattr(self.policy, "update_normalization", None)
         if update is None:
             return
-        update(self.obs[self.train_masks], **_rows(self.grouped, self.storage.row_indices[self.train_masks]))
+        update(self.obs[self.train_masks], **_rows(self.grouped, self.storage.row_indices, self.train_masks))
         if self.world > 1:
             self.policy.average_normalization(self.world)
 
@@ -376,8 +376,8 @@ class PPO:
             if self._forward_function is not None:
                 logits, newvalue = self._forward_function(b["obs"][mb])
             else:
-                rows = _rows(self.grouped, b["rows"][mb])
-                logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts, **rows)
+                logits, newvalue, _ = self.policy.forward(b["obs"][mb], states, starts,
+                                                          **_rows(self.grouped, b["rows"], mb))
         dist_ = self.policy.decoder.distribution(logits.float())
         logratio = dist_.log_prob(index(b["actions"], mb)) - b["logprobs"][mb]
         if mask is not None:
@@ -510,9 +510,10 @@ def _first_non_finite(policy: nn.Module, iteration: int, per_minibatch: dict[str
     return f"{where}: a non-finite value in the update"
 
 
-def _rows(grouped: bool, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The row indices a GroupedPolicy reads each row's group from; other policies take no such argument."""
-    return {"rows": rows} if grouped else {}
+def _rows(grouped: bool, rows: torch.Tensor, index: Any = slice(None)) -> dict[str, torch.Tensor]:
+    """The row indices ``rows[index]`` a GroupedPolicy reads each row's group from (indexed only for it); other
+    policies take no such argument."""
+    return {"rows": rows[index]} if grouped else {}
 
 
 def rng_states() -> dict:

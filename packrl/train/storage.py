@@ -274,13 +274,11 @@ class RolloutStorage:
             x = torch.cat([x, finals.reshape(-1, *x.shape[1:]).to(x.dtype)])
             done = torch.cat([done, torch.zeros(finals.shape[0], dtype=torch.bool, device=self.device)])
             state = tuple(torch.cat([s, *(snap[i] for _, _, _, snap in self._truncated)]) for i, s in enumerate(state))
-        truncated_rows = torch.from_numpy(np.concatenate([r for _, r, _, _ in self._truncated])).to(self.device) \
-            if self._truncated else None
-        if truncated_rows is not None:
+            truncated_rows = torch.from_numpy(np.concatenate([r for _, r, _, _ in self._truncated])).to(self.device)
             rows = torch.cat([rows, truncated_rows.to(rows.dtype)])
         values = value_of(x, state, done, rows).float().reshape(-1)
         self.final_values.zero_()
-        if truncated_rows is not None:
+        if self._truncated:
             steps = np.concatenate([np.full(len(r), t) for t, r, _, _ in self._truncated])
             self.final_values[torch.from_numpy(steps).to(self.device), truncated_rows] = values[N:]
         return values[:N]
