@@ -289,6 +289,50 @@ def test_check_identical_catches_one_ulp(tmp_path):
         assert out.startswith("one ulp apart: the weights of rank 1 differ from rank 0's"), out
 
 
+LATE_SIGNAL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, torch.distributed as dist
+    from packrl.train import distributed
+    from packrl.train.session import StopSignals, _agree
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    group = distributed.join(30.0)
+    sums = 0
+    real_sum = group.sum
+
+    def sum_then_signal(values):  # rank 1's SIGTERM lands after its vote has left, in the first agreement
+        global sums
+        summed = real_sum(values)
+        sums += 1
+        if rank == 1 and sums == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return summed
+
+    group.sum = sum_then_signal
+    stops = StopSignals()
+    with stops:
+        for agreement in range(1, 6):
+            _agree(group, None, stops, False)
+            if stops.received is not None:  # the training loop's test (``callback`` in session._train)
+                break
+        group.barrier()  # the next collective after the loop: both ranks must reach the same one
+    print(f"stopped at agreement {agreement} by {stops.received} from ranks {group.stopping}")
+    dist.destroy_process_group()
+""")
+
+
+def test_a_signal_after_its_ranks_vote_stops_every_rank_at_the_same_agreement(tmp_path):
+    """A SIGTERM that reaches rank 1 after its vote in an agreement has left (the race behind a gloo abort,
+    'op.preamble.length <= op.nbytes. 16 vs 8', instead of a saved stop) stops no rank at that agreement:
+    both ranks go on and stop together at the next one, which carries the signal."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", LATE_SIGNAL_SCRIPT, str(rank), str(port)], env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]  # quiet: the whole test takes 3 s
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert out.strip() == f"stopped at agreement 2 by {int(signal.SIGTERM)} from ranks [1]", (out, err[-3000:])
+
+
 def test_bad_collective_timeout_is_one_line():
     done = subprocess.run([sys.executable, "-m", "packrl", "train", "cartpole", "--collective-timeout", "0"],
                           # quiet: the whole test takes under 1 s

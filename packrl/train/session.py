@@ -223,8 +223,8 @@ class StopSignals:
     second SIGINT stops at once, without saving. Outside the main thread signals are left alone."""
 
     def __init__(self) -> None:
-        self.received: int | None = None  # the signal that stops the run (a data-parallel run: as the ranks agreed)
-        self.own: int | None = None  # the signal this process received
+        self.received: int | None = None  # the signal that stops the run, as the ranks agreed (``_agree``)
+        self.own: int | None = None  # the signal this process received (its vote at the next agreement)
         self.board: Any = None  # the Dashboard to tell (its live view shows the notice)
         self.quiet = False  # a rank other than 0: no notice
         self._previous: dict = {}
@@ -240,9 +240,12 @@ class StopSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None and signum == signal.SIGINT:
+        if (self.own is not None or self.received is not None) and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.received = self.own = signum
+        # Only ``own``: ``received`` is what the ranks agreed (``_agree``). A signal that lands after this rank's
+        # vote has left must not stop this rank alone, or it would leave the loop while its peers go on and the
+        # next collectives of the two would not match (gloo aborts on the size mismatch).
+        self.own = signum
         notice = (f"{signal.Signals(signum).name}: stopping at the end of this iteration to save a checkpoint"
                   + (" (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""))
         if self.quiet:
