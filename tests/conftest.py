@@ -11,6 +11,15 @@ settings.register_profile("thorough", max_examples=600, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+
+@pytest.fixture(scope="session", autouse=True)
+def sb3_logs_stay_in_the_test_folder(tmp_path_factory):
+    """Stable-Baselines3 makes a log folder for every model, ``$TMPDIR/SB3-<time>`` unless ``SB3_LOGDIR`` names
+    one (even at verbose 0): a test writes only inside pytest's temporary folders."""
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+    yield
+    os.environ.pop("SB3_LOGDIR", None)
+
 @pytest.fixture
 def one_torch_thread():
     """Learning tests train on one torch thread (the CLI's default; threads wait for each other on a busy
