@@ -3,6 +3,7 @@ the postgres user when the tests run as root, since postgres refuses root): two 
 study and finish N trials between them, no trial number twice, and the password is never printed or written."""
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,3 +91,54 @@ def test_killing_one_of_two_sweeps_mid_trial_leaves_the_other_running_to_n(postg
     cut = {int(p.name) for p in (tmp_path / "a" / "trials").iterdir() if p.is_dir()} - \
         {n for n, s in rows if s == "COMPLETE"}
     assert cut and all(dict(rows)[n] == "FAIL" for n in cut)  # the killed sweep's trial: failed, not counted
+
+
+def _fresh_database(url: str, name: str) -> str:
+    admin = psycopg2.connect(url)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(f"create database {name}")
+    admin.close()
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+def test_a_new_database_whose_schema_two_sweeps_make_at_once_opens_for_both(postgres):
+    """Two sweeps that start together on a new database both make its schema: the later one has checked that the
+    type is missing when the other commits it, and its CREATE TYPE fails ('type "studydirection" already exists',
+    the failure of a CI run). Held here by an event trigger that pauses this sweep's CREATE TYPE while the other
+    (a connection the trigger skips) makes and commits the type; this sweep must then open the database."""
+    from packrl.sweep.storage import open_storage
+
+    db = _fresh_database(postgres, "made_at_once")
+    with psycopg2.connect(db) as setup, setup.cursor() as cursor:
+        cursor.execute("create function hold() returns event_trigger language plpgsql as $$ begin "
+                       "if tg_tag = 'CREATE TYPE' then perform pg_sleep(3); end if; end $$")
+        cursor.execute("create event trigger hold_create_type on ddl_command_start execute function hold()")
+    outcome: dict = {}
+
+    def open_it():
+        try:
+            outcome["storage"] = open_storage(db)
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = err
+
+    opener = threading.Thread(target=open_it)
+    opener.start()
+    watch = psycopg2.connect(db)
+    watch.autocommit = True  # pg_stat_activity is read once per transaction: each query its own
+    deadline = time.monotonic() + 120  # quiet: the sweep reaches its CREATE TYPE within 1 s
+    with watch.cursor() as cursor:
+        while time.monotonic() < deadline and opener.is_alive():
+            cursor.execute("select count(*) from pg_stat_activity where datname = 'made_at_once' "
+                           "and wait_event = 'PgSleep'")
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the sweep never reached its CREATE TYPE: {outcome}")
+        cursor.execute("set session_replication_role = replica")  # the other sweep: no pause
+        cursor.execute("create type studydirection as enum ('NOT_SET', 'MINIMIZE', 'MAXIMIZE')")
+    watch.close()
+    opener.join(120)  # quiet: 4-5 s
+    assert "error" not in outcome and "storage" in outcome, outcome
+    assert outcome["storage"].get_all_studies() == []

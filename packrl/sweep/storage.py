@@ -12,6 +12,8 @@ from packrl.errors import ConfigError
 
 CONNECT_SECONDS = 10
 """A database that has not answered by then is refused."""
+CREATE_ATTEMPTS = 5
+"""Tries at a new database's tables while another sweep makes them too."""
 HEARTBEAT_SECONDS = 5
 GRACE_SECONDS = 20
 """A running trial whose sweep sent no heartbeat for this long (a sweep killed on another machine) is marked
@@ -68,17 +70,25 @@ def open_storage(url: str, heartbeat: bool = False) -> Any:
         engine["connect_args"] = {"connect_timeout": CONNECT_SECONDS}
     extra = {"heartbeat_interval": HEARTBEAT_SECONDS, "grace_period": GRACE_SECONDS} if heartbeat else {}
     try:
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
-        except Exception as err:  # two sweeps making a new database's tables at once: the later one
-            if "UniqueViolation" not in type(err).__name__ + str(err):  # fails; the tables are there a moment later
-                raise
-            time.sleep(1.0)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, **extra)
+            except Exception as err:
+                if not _made_at_once(err) or attempt == CREATE_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)  # the other sweep's tables and types are there a moment later
     except Exception as err:  # noqa: BLE001 - SQLAlchemy, the driver and Optuna each raise their own
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(scrub(f"--storage {masked(url)}: the database does not answer ({type(err).__name__}: "
                                  f"{first})", url)) from None
+
+
+def _made_at_once(error: BaseException) -> bool:
+    """Whether ``error`` is a new database's schema made by two sweeps at once: the later one fails on a table
+    (UniqueViolation, DuplicateTable) or an enum type (DuplicateObject: 'type "studydirection" already
+    exists') that the other has just made."""
+    text = type(error).__name__ + " " + str(error)
+    return any(word in text for word in ("UniqueViolation", "DuplicateObject", "DuplicateTable", "already exists"))
 
 
 def with_driver(url: str) -> str:
