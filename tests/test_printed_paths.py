@@ -4,6 +4,8 @@ is eaten."""
 import contextlib
 import io
 
+import pytest
+
 from packrl.cli import main
 
 
@@ -23,3 +25,40 @@ def test_closing_lines_escape_the_out_folder(tmp_path):
     for line in lines.values():
         assert shown in line, line
     assert (out / "history.jsonl").is_file()
+
+
+MARKED = "run\x1b[31m[/red]x[bold]\u202e"  # a control sequence, a closing tag with no opening one, an opening tag
+MARKED_SHOWN = "run\\x1b[31m[/red]x[bold]\\u202e"
+
+
+def _train(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["train", *argv, "--num-envs", "1", "--train.num_steps", "16", "--hidden", "8", "--no-live"])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.mark.parametrize("stop", ["error", "sigterm", "second ctrl-c"])
+def test_stop_lines_escape_the_out_folder_and_name_the_env_to_resume_with(tmp_path, stop):
+    """The lines of a stop (an error, a signal, a second Ctrl-C) name the run folder and checkpoint shown escaped,
+    markup included: an --out holding '[/red]' gave rich's MarkupError traceback (exit 1) in place of the stop's
+    exit code. A run of an env that names code to import resumes only with that env on the command line, so the
+    resume advice gives it."""
+    out = tmp_path / MARKED
+    env, kwargs, code_wanted = {
+        "error": ("tests.test_run_folder_safety:nan_reward_env", "{after = 40}", 3),
+        "sigterm": ("tests.test_run_lifecycle:countdown_env", "{sigterm_at = 40}", 143),
+        "second ctrl-c": ("tests.test_run_folder_safety:nan_reward_env", "{after = 100000, interrupt_at = 56}", 130),
+    }[stop]
+    code, stdout, stderr = _train([env, "--total-steps", "4096", "--checkpoint-every", "32", "--env.kwargs", kwargs,
+                                   "--out", str(out)])
+    assert code == code_wanted and "Traceback" not in stderr, stderr[-3000:]
+    text = stdout + stderr
+    assert "\x1b" not in text and "\u202e" not in text, repr(text[-2000:])
+    checkpoint = f"{tmp_path}/{MARKED_SHOWN}/checkpoint"
+    if stop == "error":
+        assert f"the last good checkpoint is {checkpoint} (step " in stderr, stderr
+    else:
+        assert f"continue with: packrl train {env} --resume '{tmp_path}/{MARKED_SHOWN}'" in stderr, stderr
+    if stop == "second ctrl-c":
+        assert f"the last checkpoint is {checkpoint} (step 32)" in stderr, stderr

@@ -369,7 +369,7 @@ def test_a_second_ctrl_c_names_the_last_checkpoint_and_the_resume_command(tmp_pa
     assert code == 130
     # step 56 is in iteration 4; the checkpoint of step 32 is the last one
     assert "second Ctrl-C" in text and f"the last checkpoint is {out / 'checkpoint'} (step 32)" in text, text
-    assert f"continue with: packrl train --resume {out}" in text, text
+    assert f"continue with: packrl train tests.test_run_folder_safety:nan_reward_env --resume {out}" in text, text
     assert read_metadata(out / "checkpoint")["global_step"] == 32
 
 

@@ -312,7 +312,8 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
                                       ppo.global_step, group)
             code, error = _train(ppo, config, options, folder, history, checkpoints, resumed, console, group)
         except KeyboardInterrupt:  # Ctrl-C before training started, or a second one while saving or plotting
-            return _interrupted(folder, errors) if main else RunResult(EXIT_SIGINT, folder, None, 0, None)
+            return _interrupted(folder, config["env"]["id"], errors) if main else \
+                RunResult(EXIT_SIGINT, folder, None, 0, None)
         except BaseException:  # the run could not start: leave no empty run folder behind
             if history is None and main:
                 _remove_if_empty(folder)
@@ -321,7 +322,7 @@ def train_run(config: dict, options: RunOptions, console: Console | None = None,
             vecenv.close()
             if history is not None:
                 history.close()
-        result = _report(ppo, folder, history, checkpoints, code, error, console, group, errors)
+        result = _report(ppo, folder, config["env"]["id"], history, checkpoints, code, error, console, group, errors)
         if error is None and code in (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM):
             _leave_together(group)
         return result
@@ -603,7 +604,7 @@ def _agree(group: Group, stats: dict | None, stops: StopSignals, due: bool) -> b
     return summed[0] > 0
 
 
-def _interrupted(folder: Path, console: Console) -> RunResult:
+def _interrupted(folder: Path, env_id: str, console: Console) -> RunResult:
     """Ctrl-C before training started, or a second one while saving or plotting: what was saved, and how to resume."""
     saved = _newest_saved(folder)
     if saved is None:
@@ -611,13 +612,13 @@ def _interrupted(folder: Path, console: Console) -> RunResult:
         console.print("[yellow]interrupted before training started; nothing saved[/yellow]")
         return RunResult(EXIT_SIGINT, None, None, 0, None)
     checkpoint, step = saved
-    console.print(f"[yellow]interrupted (Ctrl-C); the last complete checkpoint is "
-                  f"{checkpoint} (step {step:,}); continue with: packrl train --resume {folder}[/yellow]",
+    console.print(f"[yellow]interrupted (Ctrl-C); the last complete checkpoint is {_shown(checkpoint)} "
+                  f"(step {step:,}); continue with: {_continue_with('packrl train', folder, env_id)}[/yellow]",
                   highlight=False, soft_wrap=True)
     return RunResult(EXIT_SIGINT, folder, checkpoint, step, None)
 
 
-def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, code: int,
+def _report(ppo: Any, folder: Path, env_id: str, history: History, checkpoints: Checkpoints, code: int,
             error: BaseException | None, console: Console, group: Group,
             errors: Console | None = None) -> RunResult:
     """The closing lines: why training stopped (an error, a signal) and how to continue, the last return, the run
@@ -632,9 +633,9 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
             os.write(2, (printable(f"packrl train: training stopped: {error_line(error, ppo)}") + "\n").encode())
         return RunResult(code, folder, latest, ppo.global_step, last)
     if error is not None:
-        kept = f"the last good checkpoint is {latest} (step {checkpoints.last_step:,})" if latest else \
+        kept = f"the last good checkpoint is {_shown(latest)} (step {checkpoints.last_step:,})" if latest else \
             "no checkpoint had been saved yet"
-        errors.print(f"[red]{_stop_prefix(errors, console)}training stopped: {escape(error_line(error, ppo))}[/red]",
+        errors.print(f"[red]{_stop_prefix(errors, console)}training stopped: {_shown(error_line(error, ppo))}[/red]",
                      highlight=False, soft_wrap=True)
         errors.print(f"nothing of that iteration was saved; {kept}"
                       + ("; the env's traceback is in history.jsonl" if getattr(error, "env_traceback", None) else ""),
@@ -645,11 +646,12 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
         again = group.resume_command
         if latest is not None and checkpoints.last_step == ppo.global_step:
             errors.print(f"[yellow]interrupted by {why} at {ppo.global_step:,} steps; checkpoint saved; "
-                         f"continue with: {again} --resume {folder}[/yellow]", highlight=False, soft_wrap=True)
+                         f"continue with: {_continue_with(again, folder, env_id)}[/yellow]", highlight=False,
+                         soft_wrap=True)
         else:
             saved = _newest_saved(folder)  # this session's, or the one a resumed run started from
-            resume = f"; the last checkpoint is {saved[0]} (step {saved[1]:,}); continue with: packrl train " \
-                     f"--resume {folder}" if saved is not None else ""
+            resume = f"; the last checkpoint is {_shown(saved[0])} (step {saved[1]:,}); continue with: " \
+                     f"{_continue_with('packrl train', folder, env_id)}" if saved is not None else ""
             errors.print(f"[yellow]interrupted at once by a second Ctrl-C at {ppo.global_step:,} steps; "
                          f"nothing saved from this session's last iteration{resume}[/yellow]", highlight=False,
                          soft_wrap=True)
@@ -663,6 +665,19 @@ def _report(ppo: Any, folder: Path, history: History, checkpoints: Checkpoints, 
                   + (f" (sha256 {read_metadata(latest)['sha256']})" if latest else ""))), highlight=False, soft_wrap=True)
     console.print(curve_line(folder), highlight=False, soft_wrap=True, markup=False)  # without matplotlib: how to draw it
     return RunResult(code, folder, latest, ppo.global_step, last)
+
+
+def _shown(path: Path | str) -> str:
+    """A path in a line printed with rich markup: control characters escaped (``printable``), and brackets too, so
+    an ``--out`` holding ``[/red]`` is shown, not read as markup."""
+    return escape(printable(str(path)))
+
+
+def _continue_with(command: str, folder: Path, env_id: str) -> str:
+    """How to resume the run in ``folder``: ``command --resume FOLDER``, with the env in front for an env id that
+    names code to import (a resume takes that only from the command line); shell-quoted, shown escaped."""
+    env = "" if is_data_env_id(env_id) else f"{shlex.quote(env_id)} "
+    return _shown(f"{command} {env}--resume {shlex.quote(str(folder))}")
 
 
 def _stop_prefix(errors: Console, console: Console) -> str:
