@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
+from packrl.run_folders import write_file
+
 
 def cache_dir() -> Path:
     """Where generated kernel modules (and Numba's cache of them) live."""
@@ -30,10 +32,9 @@ def import_generated(modname: str, text: str) -> ModuleType:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{modname}.py"
     if not path.exists():
-        # write then rename: processes starting together never read half a file
-        tmp = folder / f".{modname}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        # an unpredictable temporary name, made exclusively and renamed: processes starting together never read
+        # half a file, and a symlink planted at a temporary name is never written through
+        write_file(folder, path.name, text)
     spec = importlib.util.spec_from_file_location(modname, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module

@@ -446,3 +446,23 @@ def test_an_edited_helper_module_is_recompiled_in_the_next_process(tmp_path):
     assert rewards(1.0) == [2.0, 2.0]
     assert rewards(1.0) == [2.0, 2.0]  # from the cache
     assert rewards(5.0) == [6.0, 6.0]
+
+
+def test_generated_kernel_source_is_never_written_through_a_planted_symlink(tmp_path, monkeypatch):
+    """The kernel cache writes a new module through a temporary name made exclusively and unpredictably: a symlink
+    planted at the name the cache once used (``.MOD.PID.tmp``) leaves its target alone, and the module is a
+    file of its own."""
+    from packrl._codegen import import_generated
+
+    monkeypatch.setenv("PACKRL_NUMBA_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    modname = "packrl_test_planted_symlink_0123abcd"
+    (tmp_path / "cache" / f".{modname}.{os.getpid()}.tmp").symlink_to(victim)
+    try:
+        module = import_generated(modname, "X = 1\n")
+    finally:
+        sys.modules.pop(modname, None)
+    assert module.X == 1 and victim.read_text() == "the user's file\n"
+    assert not (tmp_path / "cache" / f"{modname}.py").is_symlink()

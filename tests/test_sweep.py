@@ -119,6 +119,24 @@ def test_a_symlink_in_place_of_a_sweep_file_is_refused_and_its_target_kept(finis
         assert packrl("sweep", "show", str(finished_out)).returncode == 0  # best.toml written again, for the others
 
 
+
+@pytest.mark.parametrize("name", ["sweep.lock", "study.db"])
+def test_a_symlink_in_place_of_the_lock_or_the_database_is_refused(space, tmp_path, name):
+    """The lock file (rewritten with the sweep's pid) and SQLite's study.db (made where a symlink points, journal
+    beside it) are refused as symlinks too: one line, exit 2, and nothing written where the link points."""
+    victim, elsewhere = tmp_path / "victim.txt", tmp_path / "elsewhere" / "new.db"
+    victim.write_text("the user's file\n")
+    elsewhere.parent.mkdir()
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / name).symlink_to(victim if name == "sweep.lock" else elsewhere)
+    done = packrl("sweep", "cartpole", "--trials", "1", "--budget", BUDGET, "--space", str(space), "--out", str(out),
+                  "--no-live")
+    assert done.returncode == 2 and "symlink" in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert victim.read_text() == "the user's file\n" and list(elsewhere.parent.iterdir()) == []
+
+
 def test_the_same_seed_proposes_the_same_first_trials_and_another_seed_others(finished, space, tmp_path):
     out, _ = finished
     first = [p for *_, p in trials(out)]

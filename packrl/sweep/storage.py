@@ -27,7 +27,13 @@ class StorageError(ConfigError):
 
 
 def sqlite_url(folder: Path) -> str:
-    return f"sqlite:///{Path(folder).resolve() / 'study.db'}"
+    """The sweep folder's own database, ``FOLDER/study.db``; StorageError where that name is a symlink (SQLite
+    would write the study, and its journal, wherever it points)."""
+    path = Path(folder).resolve() / "study.db"
+    if path.is_symlink():
+        raise StorageError(f"{path}: is a symlink; a sweep keeps its study database in its own folder and never "
+                           "writes through a symlink")
+    return f"sqlite:///{path}"
 
 
 def masked(url: str) -> str:

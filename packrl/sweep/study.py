@@ -104,7 +104,12 @@ class FolderLock:
         self.file: Any = None
 
     def __enter__(self) -> FolderLock:
-        self.file = open(self.path, "a+")
+        try:  # never through a symlink: the lock file is rewritten with this sweep's pid
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as err:
+            raise SweepError(f"{self.path}: cannot be opened as the sweep's lock file ({err.strerror}); a sweep "
+                             "never writes through a symlink") from None
+        self.file = os.fdopen(fd, "a+")
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
