@@ -292,3 +292,19 @@ def test_sigterm_stops_the_sweep_cleanly_and_the_cut_trial_keeps_its_checkpoint(
     (number, state, failure, cut, _), = trials(out)
     assert (state, failure) == ("FAIL", "cut") and "SIGTERM" in cut
     assert (out / "trials" / "0000" / "checkpoint" / "metadata.json").is_file()
+
+
+@pytest.mark.parametrize("omp, threads", [(None, "1"), ("3", "3")])
+def test_trials_follow_the_thread_policy_of_train_eval_and_check(monkeypatch, omp, threads):
+    """A trial runs its math libraries on one thread, or on what the sweep's OMP_NUM_THREADS says (as ``packrl
+    train``, ``eval`` and ``check`` do); it was one thread whatever the user set."""
+    from packrl.sweep.storage import STORAGE_ENV, child_environment
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    env = child_environment("sqlite:///x.db")
+    assert env[STORAGE_ENV] == "sqlite:///x.db"
+    assert [env[n] for n in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")] \
+        == [threads] * 4

@@ -107,9 +107,12 @@ def with_driver(url: str) -> str:
 
 
 def child_environment(url: str) -> dict:
-    """The environment of a trial process: the database URL, and one thread for every math library."""
+    """The environment of a trial process: the database URL, and one thread for every math library unless the
+    sweep's own environment sets OMP_NUM_THREADS (the thread policy of ``train``, ``eval`` and ``check``:
+    ``packrl.commands.arguments.apply_torch_threads``)."""
     env = dict(os.environ)
     env[STORAGE_ENV] = url
+    threads = env.get("OMP_NUM_THREADS") or "1"
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        env[name] = "1"
+        env[name] = threads
     return env

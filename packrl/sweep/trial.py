@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
 from rich.console import Console
 
+from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import PackrlError
 from packrl.history import read_history
 from packrl.run_folders import error_line
@@ -100,7 +100,7 @@ class Watcher(threading.Thread):
 
 def run_trial(spec: dict) -> int:
     """Train the trial's run and tell Optuna how it ended; the process's exit code."""
-    torch.set_num_threads(1)
+    apply_torch_threads(None)  # one thread, or OMP_NUM_THREADS (child_environment passes it on)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(os.environ[STORAGE_ENV])
     objective = Objective(spec["objective"], spec["budget"], spec.get("threshold"))
