@@ -501,7 +501,8 @@ def _train(ppo: Any, config: dict, options: RunOptions, folder: Path, history: H
     def callback(stats: dict) -> bool:
         if hasattr(ppo.env, "restarts"):  # the ray backend: lost env actors replaced so far (vector/ray_backend.py)
             stats["env_restarts"] = int(ppo.env.restarts)
-        if versus is not None and stats["iteration"] % options.versus_every == 0:
+        last = stats["global_step"] >= total  # a run shorter than the check interval still closes on its score
+        if versus is not None and (stats["iteration"] % options.versus_every == 0 or last):
             stats.update(versus(ppo.policy, stats["iteration"]))
         due = main and stats["global_step"] < total and checkpoints.due(stats["global_step"])
         due = _agree(group, stats, stops, due)
