@@ -255,6 +255,8 @@ def checkpoint_in(path: str | Path) -> Found:
     (``newest_checkpoint``: verified, with those passed over), or ``path`` as given, for the loader to refuse by
     name if it is none. Errors name the argument (``checkpoint PATH: ...``); the command prefixes its own name."""
     path = Path(path)
+    if not path.exists():  # said as such, not as a folder that lacks metadata.json
+        raise RunError(f"checkpoint {shown(str(path))}: no such folder")
     if is_run_folder(path):
         return newest_checkpoint(path, "checkpoint")
     return Found(path, None, [], None)

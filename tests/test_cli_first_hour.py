@@ -115,8 +115,13 @@ def test_a_run_stopped_by_an_error_says_so_on_stderr(tmp_path, env, why):
     (["check", "CartPol-v1"], "packrl check: unknown env 'CartPol-v1' (did you mean CartPole-v1"),
     (["eval", "runs/nope"], "packrl eval: checkpoint runs/nope: no such folder"),
     (["eval", "runs/nope", "--env-kwargs", "[1]"], "packrl eval: error: argument --env-kwargs: expected a table"),
+    (["eval", "empty"], "packrl eval: checkpoint empty: holds no metadata.json and is not a run folder"),
+    (["inspect", "runs/nope"], "packrl inspect: checkpoint runs/nope: no such folder"),
+    (["plot", "runs/nope"], "packrl plot: runs/nope: no such folder"),
+    (["train", "--resume", "runs/nope"], "packrl train: --resume runs/nope: no such run or checkpoint folder"),
 ])
 def test_bad_input_is_one_line_before_torch_or_numba_is_imported(tmp_path, args, line):
+    (tmp_path / "empty").mkdir()
     done = packrl(*args, cwd=tmp_path, modules=True)
     assert done.returncode == 2
     error, modules = done.stderr.strip().splitlines()

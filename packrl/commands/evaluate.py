@@ -15,7 +15,7 @@ from packrl.commands.arguments import EVAL_MODES, non_negative_int, positive_flo
 from packrl.config import parse_toml_value
 from packrl.errors import ConfigError
 from packrl.printing import progress_line, shown
-from packrl.run_folders import checkpoint_in
+from packrl.run_folders import checkpoint_in, is_run_folder
 
 VIDEO_SUFFIXES = (".gif",)
 
@@ -78,6 +78,9 @@ def _check_exists(path: str) -> None:
         raise ConfigError(f"checkpoint {shown(path)}: no such folder")
     if not Path(path).is_dir():
         raise ConfigError(f"checkpoint {shown(path)}: not a folder (give a checkpoint folder or a run folder)")
+    if not (Path(path) / "metadata.json").is_file() and not is_run_folder(Path(path)):
+        raise ConfigError(f"checkpoint {shown(path)}: holds no metadata.json and is not a run folder (give a "
+                          "checkpoint folder or a run folder)")
 
 
 def _kwargs_table(text: str) -> dict:

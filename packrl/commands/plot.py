@@ -31,12 +31,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_command(run: str, out: str | None = None, title: str | None = None) -> int:
-    from packrl.train.plot import INSTALL, left_out, matplotlib_available, plot_learning_curve
-
     folder = Path(run)
     history = folder / "history.jsonl"
+    if not folder.exists():
+        return _fail(f"{run}: no such folder (give a run folder that packrl train wrote)")
     if not history.is_file():
         return _fail(f"{run}: no history.jsonl in it (give a run folder that packrl train wrote)")
+
+    from packrl.train.plot import (  # torch: after the checks
+        INSTALL,
+        left_out,
+        matplotlib_available,
+        plot_learning_curve,
+    )
     if not matplotlib_available():
         return _fail(f"drawing a curve needs matplotlib, which is not installed: {INSTALL}")
     target = Path(out) if out is not None else folder / "learning_curve.png"

@@ -16,6 +16,7 @@ from packrl.commands.arguments import (
     positive_int,
 )
 from packrl.errors import EXIT_BAD_INPUT
+from packrl.printing import shown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +85,9 @@ def run(args: argparse.Namespace, config: dict) -> int:
         if fixed:
             print(f"packrl train: --resume continues the run with its recorded settings, which {', '.join(fixed)} "
                   "would change (a resumed run may change only ENV, --total-steps and --device)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not Path(args.resume).exists():  # before torch: a mistyped path is refused at once
+            print(shown(f"packrl train: --resume {args.resume}: no such run or checkpoint folder"), file=sys.stderr)
             return EXIT_BAD_INPUT
     from packrl.commands import training  # torch, the envs and the trainer: seconds
 
