@@ -186,8 +186,10 @@ def repeat_checkpoint(tmp_path_factory):
 
 def test_eval_takes_env_kwargs_as_train_does(tmp_path):
     checkpoint = save_untrained(tmp_path / "checkpoint")
-    for kwargs in ("{max_episode_steps = 3}", '{"max_episode_steps": 3}'):  # TOML as train; JSON as before
-        done = packrl("eval", str(checkpoint), "--episodes", "4", "--env", "CartPole-v1", "--env-kwargs", kwargs)
+    for kwargs, env in (("{max_episode_steps = 3}", ["--env", "CartPole-v1"]),  # TOML as train
+                        ('{"max_episode_steps": 3}', ["--env", "CartPole-v1"]),  # JSON as before
+                        ("{max_episode_steps = 3}", [])):  # over the recorded env's kwargs (they were dropped)
+        done = packrl("eval", str(checkpoint), "--episodes", "4", *env, "--env-kwargs", kwargs)
         assert done.returncode == 0, done.stderr
         rows = [line for line in done.stdout.splitlines() if line.strip().startswith(("│ sampled", "│ greedy"))]
         assert len(rows) == 2 and all("4 of 4" in row for row in rows), done.stdout  # 3 steps: every episode cut

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the headline return and the rendered episode: sampled (as trained; the default) or greedy")
     parser.add_argument("--env", help="the env to evaluate on (default: the recorded id, looked up as a name)")
     parser.add_argument("--env-kwargs", type=_kwargs_table, default=None, metavar="TABLE",
-                        help="kwargs for --env as a TOML inline table, as train's --env.kwargs takes them "
-                             "('{size = 8}'; a JSON object is read too)")
+                        help="kwargs for --env, or without --env over the run's recorded kwargs, as a TOML inline "
+                             "table, as train's --env.kwargs takes them ('{size = 8}'; a JSON object is read too)")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="RISK: let the checkpoint's env id and kwargs import and call code (module:function); "
                              "only for checkpoints whose author you trust")

@@ -92,8 +92,8 @@ def evaluate_checkpoint(found: Found, given: str, episodes: int, *, num_envs: in
     console.print(f"mean return {results[mode].returns.mean():.3f} ("
                   + ("sampled, the default; see --mode" if mode == "sampled" else f"{mode}, as --mode asked") + ")")
     # two-player zero-sum games: win/draw/loss against a random opponent
-    report_versus_random(console, policy, env_id, env_kwargs if env else metadata["config"]["env"].get("kwargs"),
-                         episodes, seed, greedy=MODES[mode])
+    kwargs = env_kwargs if env else {**(metadata["config"]["env"].get("kwargs") or {}), **(env_kwargs or {})}
+    report_versus_random(console, policy, env_id, kwargs, episodes, seed, greedy=MODES[mode])
     if env is not None and env != metadata["config"]["env"]["id"]:
         console.print(escape(f"note: trained on {metadata['config']['env']['id']!r}, evaluated on {env!r} "
                              "(its layouts match)"))

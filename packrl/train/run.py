@@ -301,16 +301,17 @@ def checkpoint_vecenv(verified: Verified, *, env: str | None = None, env_kwargs:
     A checkpoint is data: nothing it records chooses code to import or call. The env is ``env`` (an id the
     caller gives, with ``env_kwargs``, or the recorded kwargs when it is the recorded id and that id is not
     code), else the recorded id resolved as data (a packrl env, a registered gymnasium id, a ``pettingzoo.*``
-    module path; ``module:function`` refused). ``trust_checkpoint=True`` lets the recorded id and kwargs run as
-    they would in training: only for checkpoints whose author you trust. ``render_mode`` is added to the env's
-    kwargs."""
+    module path; ``module:function`` refused) with the recorded kwargs, ``env_kwargs`` over them.
+    ``trust_checkpoint=True`` lets the recorded id and kwargs run as they would in training: only for checkpoints
+    whose author you trust. ``render_mode`` is added to the env's kwargs."""
     metadata, file = verified.metadata, verified.file
     config = checked_config(metadata, file)
     recorded_id, recorded_kwargs, api = config["env"]["id"], config["env"]["kwargs"], config["env"]["api"]
     extra = {} if render_mode is None else {"render_mode": render_mode}
     try:
         if trust_checkpoint:
-            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **extra}, api, allow_code=True)
+            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **(env_kwargs or {}), **extra}, api,
+                                                   allow_code=True)
         elif env is not None:
             if env_kwargs is None:
                 env_kwargs = recorded_kwargs if env == recorded_id and is_data_env_id(recorded_id) else {}
@@ -319,7 +320,9 @@ def checkpoint_vecenv(verified: Verified, *, env: str | None = None, env_kwargs:
             if not is_data_env_id(recorded_id):
                 raise ConfigError(f"env id {recorded_id!r} is not a registered env id (it names code or a path); "
                                   "give the env with --env ID, or pass --trust-checkpoint to run what it names")
-            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **extra}, api, allow_code=False)
+            # kwargs given without --env change the recorded env's (they were silently dropped)
+            creator, default_backend = env_creator(recorded_id, {**recorded_kwargs, **(env_kwargs or {}), **extra}, api,
+                                                   allow_code=False)
     except ConfigError as err:
         if env is not None and not trust_checkpoint:
             raise
