@@ -32,6 +32,7 @@ from rich.table import Table
 from packrl.emulation.layout import Leaf
 from packrl.emulation.values import format_path
 from packrl.models.distributions import ActionSpec
+from packrl.printing import plural
 from packrl.train.run import make_policy, make_vecenv
 
 CHECKS = (
@@ -405,7 +406,7 @@ def _check_padding(policy: Any, history: list, device: str, report: Report) -> N
         report.add(check, "fail", f"changing only the padded rows changed the loss of the acting rows by {gap:.3g}"
                                   f"{stand_in}: they leak in (a statistic over the batch, such as batch norm?)")
     else:
-        report.add(check, "ok", f"{int(padded.sum())} padded row-steps{stand_in}")
+        report.add(check, "ok", f"{plural(int(padded.sum()), 'padded row-step')}{stand_in}")
 
 
 def _check_gradients(policy: Any, history: list, device: str, report: Report) -> None:
@@ -457,4 +458,4 @@ def print_report(report: Report, title: str = "packrl check") -> None:
     Console().print(table)
     failed = report.failures()
     if failed:
-        Console().print(f"[red]{len(failed)} check(s) failed[/red]: " + escape(", ".join(c for c, _, _ in failed)))
+        Console().print(f"[red]{plural(len(failed), 'check')} failed[/red]: " + escape(", ".join(c for c, _, _ in failed)))

@@ -571,8 +571,9 @@ def _init(address: str | None) -> None:
         try:
             grpc = _speaks_grpc(host, int(port))
         except OSError as err:
-            raise EnvError(f"cannot join the Ray cluster at address={address!r}: nothing answers at {host}:{port} "
-                           f"within {CONNECT_TIMEOUT_S:.0f} s ({err.strerror or type(err).__name__}); start it "
+            within = "" if isinstance(err, ConnectionRefusedError) else f" within {CONNECT_TIMEOUT_S:.0f} s"
+            raise EnvError(f"cannot join the Ray cluster at address={address!r}: nothing answers at {host}:{port}"
+                           f"{within} ({err.strerror or type(err).__name__}); start it "
                            "with `ray start --head` (docs/multinode.md)") from None
         if not grpc:  # Ray would retry it for ever, printing its C++ client's warnings every few seconds
             raise EnvError(f"cannot join the Ray cluster at address={address!r}: something answers at {host}:{port} "
