@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import sys
 from typing import Any
 
@@ -19,6 +20,25 @@ def shown(text: object) -> str:
     """``text`` (``str(text)`` for a non-string) with every control character and lone surrogate written as a
     Python escape (``\\x1b``, ``\\n``, ``\\u202e``, ``\\ud800``); everything else, non-ASCII letters included, as is."""
     return _UNSHOWN.sub(_escape_one, text if isinstance(text, str) else str(text))
+
+
+def shell_word(text: object) -> str:
+    """``text`` as one shell word a person can paste back: ``shlex.quote``'s, or where it holds control characters
+    or lone surrogates, bash's ``$'...'`` with them escaped as ``shown`` writes them (so the pasted word names
+    the same path, where a shown path inside plain quotes would name another)."""
+    text = text if isinstance(text, str) else str(text)
+    if not _UNSHOWN.search(text):
+        return shlex.quote(text)
+    return "$'" + _UNSHOWN.sub(_bash_escape, text.replace("\\", "\\\\").replace("'", "\\'")) + "'"
+
+
+def _bash_escape(match: re.Match) -> str:
+    """One character as bash's $'...' reads it back: ASCII as a byte; U+0080 and above by code point (bash writes
+    it in the locale's encoding); a surrogate-escaped byte of an undecodable path (U+DC80-U+DCFF) as that byte."""
+    code = ord(match.group())
+    if code < 0x80 or 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code & 0xFF:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _escape_one(match: re.Match) -> str:

@@ -3,6 +3,8 @@
 is eaten."""
 import contextlib
 import io
+import os
+import subprocess
 
 import pytest
 
@@ -59,6 +61,10 @@ def test_stop_lines_escape_the_out_folder_and_name_the_env_to_resume_with(tmp_pa
     if stop == "error":
         assert f"the last good checkpoint is {checkpoint} (step " in stderr, stderr
     else:
-        assert f"continue with: packrl train {env} --resume '{tmp_path}/{MARKED_SHOWN}'" in stderr, stderr
+        assert f"continue with: packrl train {env} --resume $'{tmp_path}/{MARKED_SHOWN}'" in stderr, stderr
+        word = stderr.split("--resume ", 1)[1].split("\n", 1)[0]  # pasted into bash, it names the run folder
+        pasted = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True,
+                                env={**os.environ, "LC_ALL": "C.UTF-8"})  # bash writes $'\u202e' in UTF-8
+        assert pasted.stdout == str(out), (word, pasted)
     if stop == "second ctrl-c":
         assert f"the last checkpoint is {checkpoint} (step 32)" in stderr, stderr

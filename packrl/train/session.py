@@ -24,7 +24,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import threading
@@ -48,6 +47,7 @@ from packrl.errors import (  # noqa: F401 - the exit codes re-exported: callers 
     PackrlError,
 )
 from packrl.history import History, history_line, read_history  # noqa: F401 - re-exported
+from packrl.printing import shell_word
 from packrl.run_folders import (
     MARKER,
     RunError,
@@ -422,7 +422,7 @@ def _resume_from(options: RunOptions, given: dict, console: Console, group: Grou
                 raise
             raise RunError(f"--resume {options.resume}: the run's env id {env['id']!r} names code to import and "
                            "call, which is never run because a checkpoint recorded it; give the env on the command "
-                           f"line: packrl train {shlex.quote(env['id'])} --resume {shlex.quote(str(options.resume))}"
+                           f"line: packrl train {shell_word(env['id'])} --resume {shell_word(options.resume)}"
                            ) from None
     return Resumed(config, checkpoint_path, resume_folder, verified, state)
 
@@ -677,8 +677,8 @@ def _shown(path: Path | str) -> str:
 def _continue_with(command: str, folder: Path, env_id: str) -> str:
     """How to resume the run in ``folder``: ``command --resume FOLDER``, with the env in front for an env id that
     names code to import (a resume takes that only from the command line); shell-quoted, shown escaped."""
-    env = "" if is_data_env_id(env_id) else f"{shlex.quote(env_id)} "
-    return _shown(f"{command} {env}--resume {shlex.quote(str(folder))}")
+    env = "" if is_data_env_id(env_id) else f"{shell_word(env_id)} "
+    return escape(f"{command} {env}--resume {shell_word(folder)}")
 
 
 def _stop_prefix(errors: Console, console: Console) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import netrc
 import os
-import shlex
 import socket
 import ssl
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from packrl.errors import UsageError
-from packrl.printing import shown
+from packrl.printing import shell_word, shown
 from packrl.run_folders import inside
 from packrl.train.dashboard import LOGGED, PER_AGENT, VERSUS
 
@@ -141,8 +140,8 @@ class Tracker:
     def line(self) -> str:
         """Where the run went and, offline, how to upload it."""
         if self.mode == "offline" and self.folder is not None:
-            return shown(f"tracking: W&B offline run {self.folder}; upload it with: wandb sync "
-                         f"{shlex.quote(str(self.folder))}")
+            return shown(f"tracking: W&B offline run {self.folder}; upload it with: wandb sync ") + \
+                shell_word(self.folder)
         return shown(f"tracking: W&B run {self.run.url or self.run.id} ({self.mode})")
 
     def __enter__(self) -> Tracker:
