@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 SHORTCUTS = {  # flag -> the setting it sets (packrl.cli adds the flags; train reads which were given)
     "total_steps": "train.total_steps", "seed": "train.seed", "device": "train.device",
@@ -45,19 +44,6 @@ def _bounded(text: str, kind: type, low: float, what: str):  # noqa: ANN202 - in
     if not (math.isfinite(value) and value >= low):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
-
-
-def apply_torch_threads(threads: int | None) -> None:
-    """One torch intra-op thread unless asked (``threads``, or OMP_NUM_THREADS when set): ``packrl train``,
-    ``eval`` and ``check`` alike. On the 2-core project machine with other jobs running, 20k gridworld steps took
-    16.0-17.1 s on one thread and 14.4-41.7 s on two (interleaved rounds), and 170 s on two beside one busy
-    process; an eval took 1,067 s with torch's default threads and 56 s on one (issue 41): torch's threads wait
-    for each other."""
-    import torch
-
-    if threads is None and os.environ.get("OMP_NUM_THREADS"):
-        return
-    torch.set_num_threads(threads or 1)
 
 
 def description(doc: str) -> str:

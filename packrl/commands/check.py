@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from packrl.commands.arguments import apply_torch_threads, positive_int
+from packrl.commands.arguments import positive_int
+from packrl.torch_threads import apply_torch_threads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,10 +16,10 @@ from rich.table import Table
 
 from packrl.checkpoint import CheckpointError, verify
 from packrl.commands.arguments import EVAL_MODES as MODES
-from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import ConfigError, EnvError
 from packrl.printing import plural, progress_line, shown
 from packrl.run_folders import Found, printable, write_file
+from packrl.torch_threads import apply_torch_threads
 from packrl.train.evaluate import EvaluationError, evaluate_episodes, record_frames
 from packrl.train.run import checkpoint_vecenv, load_policy
 from packrl.train.versus import report_versus_random

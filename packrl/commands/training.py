@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import EXIT_BAD_INPUT, EXIT_STOPPED_BY_ERROR, PackrlError
 from packrl.run_folders import error_line
+from packrl.torch_threads import apply_torch_threads
 from packrl.train.distributed import DivergedError, LostRankError
 from packrl.train.session import RunOptions, train_run
 from packrl.train.tracking import Tracking, TrackingError, require_wandb

@@ -109,7 +109,7 @@ def with_driver(url: str) -> str:
 def child_environment(url: str) -> dict:
     """The environment of a trial process: the database URL, and one thread for every math library unless the
     sweep's own environment sets OMP_NUM_THREADS (the thread policy of ``train``, ``eval`` and ``check``:
-    ``packrl.commands.arguments.apply_torch_threads``)."""
+    ``packrl.torch_threads.apply_torch_threads``)."""
     env = dict(os.environ)
     env[STORAGE_ENV] = url
     threads = env.get("OMP_NUM_THREADS") or "1"

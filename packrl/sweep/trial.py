@@ -23,13 +23,13 @@ from typing import Any
 import optuna
 from rich.console import Console
 
-from packrl.commands.arguments import apply_torch_threads
 from packrl.errors import PackrlError
 from packrl.history import read_history
 from packrl.run_folders import error_line
 from packrl.sweep.objective import Objective, final_return, report_points, steps_to
 from packrl.sweep.storage import STORAGE_ENV, open_storage
 from packrl.sweep.study import make_pruner
+from packrl.torch_threads import apply_torch_threads
 from packrl.train.session import RunOptions, train_run
 
 POLL_SECONDS = 0.05
