@@ -46,6 +46,7 @@ def test_acrobot_gets_the_generic_discrete_defaults_and_reaches_minus_100_within
     """`packrl train Acrobot-v1` with no flags (issue 42) gets discrete-control, the preset of any gymnasium env
     with a flat Box observation and Discrete actions (rl-zoo's Acrobot PPO with observation normalization).
     The moving mean of 20 training episodes, the best of seeds 0-2 (tried in turn).
-    benchmarks/learning.py --tasks acrobot: seeds 0-2 in benchmarks/README.md (seed 0: -100 at 127k steps, 73k
-    steps inside the budget). The plain defaults before ended at -500 (doing nothing useful)."""
+    benchmarks/learning.py --tasks acrobot: seeds 0-2 reached -100 at 69,632 / 65,536 / 94,208 steps
+    (benchmarks/README.md), 106k-135k inside the budget. The plain defaults before ended at -500 (doing nothing
+    useful)."""
     best_of_seeds("Acrobot-v1", -100.0, 200_000, seeds=(0, 1, 2), preset="discrete-control", window=20)
