@@ -193,7 +193,10 @@ GAMES = {  # name: (env id, threshold, the rate that must reach it, default step
     "connect_four": ("pettingzoo.classic.connect_four_v3", 0.9, "win", 350_000, 50_000),
     # chips: the lower end of the 95% interval of the mean chips per game over 2,000 games must be above 0
     "leduc": ("pettingzoo.classic.leduc_holdem_v4", 0.0, "chips", 200_000, 50_000),
+    # packrl's Numba connect four (self-play at Numba speed), judged on PettingZoo's: tests/test_numba_connect_four.py
+    "numba-connect_four": ("connect_four", 0.9, "win", 1_000_000, 250_000),
 }
+JUDGED_ON = {"numba-connect_four": "pettingzoo.classic.connect_four_v3"}  # a game trained on another env than its judge
 
 
 def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> Result:
@@ -209,7 +212,7 @@ def game_run(game: str, seed: int, budget: int, changes: dict | None = None) -> 
     from packrl.train.versus import versus_random
 
     env_id, threshold, metric, _, every = GAMES[game]
-    creator = importlib.import_module(env_id).env
+    creator = importlib.import_module(JUDGED_ON.get(game, env_id)).env
     flags = {"env": {"id": env_id}, "train": {"seed": seed, "total_steps": budget}}
     for section, values in (changes or {}).items():
         flags.setdefault(section, {}).update(values)
@@ -435,8 +438,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=None, help="agent steps per run for every task (default: the task's)")
     parser.add_argument("--tasks", default=None,
                         help="default: the discrete tasks (with --continuous: the continuous ones); also: tictactoe, "
-                        "connect_four, leduc (minutes a seed, so not in the default set), halfcheetah, hopper and their "
-                        "sb3-/cleanrl- contenders (1M steps)")
+                        "connect_four, leduc, numba-connect_four (minutes a seed, so not in the default set), "
+                        "halfcheetah, hopper and their sb3-/cleanrl- contenders (1M steps)")
     parser.add_argument("--continuous", action="store_true", help="the continuous table (issue 30): --tasks defaults to "
                         "packrl, SB3 zoo and the CleanRL-style loop on Pendulum-v1 and MountainCarContinuous-v0")
     parser.add_argument("--quick", action="store_true", help="two seeds, budgets halved")
