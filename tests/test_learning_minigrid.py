@@ -21,8 +21,8 @@ def test_doorkey_6x6_defaults_reach_0_9_within_100k_frames_on_one_of_seeds_0_to_
     """Issue 30's DoorKey-6x6 target, as the best of seeds 0-2 (tried in turn until one meets it): a single seed's
     trajectory follows the CPU's floating-point kernels (issue 42: on one AMD EPYC seed 1 met it with
     ATEN_CPU_CAPABILITY=default only, on another with avx2 only), and a test that rests on one trajectory fails as
-    soon as it moves. The spread per seed and per kernel set is benchmarks/minigrid_stability.py --capability default,avx2
-    (benchmarks/README.md, MiniGrid stability)."""
+    soon as it moves. The spread per seed and per kernel set is benchmarks/minigrid_stability.py --capability
+    default,avx2 (benchmarks/README.md, MiniGrid stability)."""
     best_of_seeds("MiniGrid-DoorKey-6x6-v0", 0.9, 100_000, seeds=(0, 1, 2), preset="minigrid")
 
 
